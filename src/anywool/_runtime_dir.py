@@ -1,0 +1,52 @@
+"""Where anywool keeps its per-user files: namespaces and worker sockets.
+
+Synchronous, no event loop. The directory is private to the user (``0700``) and is refused when
+it is a symlink or belongs to someone else, because everything below it is trusted: a namespace
+registry names the sockets that receive pickled code.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+__all__ = ["ENV_VAR", "runtime_dir"]
+
+ENV_VAR = "ANYWOOL_RUNTIME_DIR"
+
+
+def runtime_dir(create: bool = True) -> Path:
+    """Return the runtime directory, creating it (mode ``0700``) when missing.
+
+    ``$ANYWOOL_RUNTIME_DIR`` when set, else ``/dev/shm/anywool-<uid>`` where ``/dev/shm`` is a
+    directory, else ``<tempdir>/anywool-<uid>``.
+
+    :param create: create the directory when it does not exist.
+    :raises PermissionError: the path is a symlink, not a directory, or owned by another user.
+    :raises FileNotFoundError: it does not exist and ``create`` is false.
+    """
+    configured = os.environ.get(ENV_VAR)
+    if configured:
+        path = Path(configured)
+    else:
+        base = Path("/dev/shm") if os.path.isdir("/dev/shm") else Path(tempfile.gettempdir())
+        path = base / f"anywool-{os.getuid()}"
+    if create:
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        raise PermissionError(f"refusing runtime directory {path}: it is a symlink")
+    if not stat.S_ISDIR(info.st_mode):
+        raise PermissionError(f"refusing runtime directory {path}: it is not a directory")
+    if info.st_uid != os.getuid():
+        raise PermissionError(
+            f"refusing runtime directory {path}: owned by uid {info.st_uid}, not {os.getuid()}"
+        )
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(path, 0o700)
+    return path

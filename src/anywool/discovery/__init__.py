@@ -1,0 +1,1 @@
+"""Discovery: how workers announce themselves and how pools find them."""

@@ -1,0 +1,167 @@
+"""Every public exception of anywool.
+
+Each error passes its fields positionally to ``Exception.__init__`` so that ``cls(*exc.args)``,
+:mod:`pickle` and :mod:`copy` rebuild it with the same field values and types, exposes each field
+as an attribute of the same name, and renders its message in ``__str__`` (never stored in
+``args``). Nothing here imports the rest of the package.
+"""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+__all__ = [
+    "DiscoveryBlockExhausted",
+    "DiscoveryCapacityExhausted",
+    "DiscoveryError",
+    "DiscoveryNamespaceInUse",
+    "DiscoveryNamespaceNotFound",
+    "DiscoveryWorkerNotFound",
+    "NoWorkersAvailable",
+    "RoutineCancelled",
+    "WoolError",
+    "WorkerError",
+]
+
+
+class WoolError(Exception):
+    """Base class of every error anywool raises on purpose."""
+
+
+class DiscoveryError(WoolError):
+    """Base class of the discovery errors."""
+
+
+class DiscoveryNamespaceInUse(DiscoveryError):
+    """A namespace already has an owner, so it cannot be claimed.
+
+    :param namespace: the namespace that was claimed.
+    :param path: the namespace directory on disk.
+    :param owner_pid: pid recorded by the incumbent owner, or ``None`` when the owner is dead but
+        reclaiming was disabled (``reclaim=False``).
+    """
+
+    def __init__(self, namespace: str, path: str, owner_pid: int | None) -> None:
+        super().__init__(namespace, path, owner_pid)
+        self.namespace = namespace
+        self.path = path
+        self.owner_pid = owner_pid
+
+    def __str__(self) -> str:
+        if self.owner_pid is None:
+            return (
+                f"discovery namespace {self.namespace!r} is held by a dead owner at {self.path} "
+                "and reclaim=False; remove that directory or claim with reclaim=True"
+            )
+        return (
+            f"discovery namespace {self.namespace!r} is owned by live process {self.owner_pid} "
+            f"({self.path}); borrow it with LocalDiscovery.Publisher or LocalDiscovery.Subscriber"
+        )
+
+
+class DiscoveryNamespaceNotFound(DiscoveryError):
+    """No live owner holds the namespace a borrower tried to bind.
+
+    :param namespace: the namespace that was looked up.
+    """
+
+    def __init__(self, namespace: str) -> None:
+        super().__init__(namespace)
+        self.namespace = namespace
+
+    def __str__(self) -> str:
+        return (
+            f"discovery namespace {self.namespace!r} has no live owner; "
+            "enter LocalDiscovery(namespace) somewhere to create it"
+        )
+
+
+class DiscoveryCapacityExhausted(DiscoveryError):
+    """Every slot of the namespace registry holds another worker.
+
+    :param capacity: the number of slots the owner stamped.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.capacity = capacity
+
+    def __str__(self) -> str:
+        return f"the discovery registry is full ({self.capacity} workers)"
+
+
+class DiscoveryBlockExhausted(DiscoveryError):
+    """A worker's encoded metadata does not fit one registry block.
+
+    :param size: the encoded size in bytes that did not fit.
+    """
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+    def __str__(self) -> str:
+        return f"worker metadata of {self.size} bytes does not fit a discovery registry block"
+
+
+class DiscoveryWorkerNotFound(DiscoveryError):
+    """An update named a worker the registry does not hold.
+
+    :param uid: the worker's uid.
+    """
+
+    def __init__(self, uid: UUID) -> None:
+        super().__init__(uid)
+        self.uid = uid
+
+    def __str__(self) -> str:
+        return f"worker {self.uid} is not registered in the discovery registry"
+
+
+class NoWorkersAvailable(WoolError):
+    """No admitted worker could take a call.
+
+    :param reason: why, in words (for example the quorum wait timed out after some seconds).
+    """
+
+    def __init__(self, reason: str = "no admitted worker can take the call") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"no workers available: {self.reason}"
+
+
+class WorkerError(WoolError):
+    """A worker failed to start, answer or stay connected.
+
+    :param address: the worker's address (``"unix:/path"`` or ``"host:port"``).
+    :param reason: what went wrong, in words.
+    """
+
+    def __init__(self, address: str, reason: str) -> None:
+        super().__init__(address, reason)
+        self.address = address
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"worker {self.address}: {self.reason}"
+
+
+class RoutineCancelled(WoolError):
+    """A routine was cancelled on its worker (for example by the worker shutting down).
+
+    Raised identically under asyncio and trio, instead of either backend's cancellation
+    exception, so that remote cancellation never cancels the caller's own scope.
+
+    :param routine: the routine's qualified name.
+    :param address: the address of the worker that cancelled it.
+    """
+
+    def __init__(self, routine: str, address: str) -> None:
+        super().__init__(routine, address)
+        self.routine = routine
+        self.address = address
+
+    def __str__(self) -> str:
+        return f"routine {self.routine} was cancelled on worker {self.address}"

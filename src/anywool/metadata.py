@@ -1,0 +1,135 @@
+"""WorkerMetadata: what discovery says about one worker, and its msgpack codec.
+
+Pure data: no I/O and no event loop here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+from uuid import UUID
+
+import msgpack
+
+__all__ = ["WorkerMetadata"]
+
+# Bumped whenever the encoded layout changes; decoders reject what they do not know.
+_CODEC_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class WorkerMetadata:
+    """Identity and address of one worker, as published through discovery.
+
+    Equality and hashing use ``uid`` only, so a set of workers never holds two entries for one
+    worker; :meth:`same_as` compares every field.
+
+    :param uid: the worker's identity, unique for its lifetime.
+    :param address: ``"unix:/absolute/path"`` for a Unix socket or ``"host:port"`` for TCP.
+    :param pid: the worker's process id (informational).
+    :param version: the anywool version the worker runs.
+    :param tags: free-form labels used by proxies to admit workers.
+    :param extra: msgpack-serialisable values (str keys); stored read-only.
+    :param secure: whether the worker's listener requires an authenticated peer.
+    :raises TypeError: a field has the wrong type.
+    :raises ValueError: ``address`` is neither form above.
+    """
+
+    uid: UUID
+    address: str
+    pid: int
+    version: str
+    tags: frozenset[str] = frozenset()
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    secure: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.uid, UUID):
+            raise TypeError(f"uid must be a UUID, got {self.uid!r}")
+        if not isinstance(self.address, str) or not _valid_address(self.address):
+            raise ValueError(
+                f"address must be 'unix:/path' or 'host:port', got {self.address!r}"
+            )
+        if isinstance(self.pid, bool) or not isinstance(self.pid, int):
+            raise TypeError(f"pid must be an int, got {self.pid!r}")
+        if not isinstance(self.version, str):
+            raise TypeError(f"version must be a str, got {self.version!r}")
+        if isinstance(self.tags, str) or not all(isinstance(t, str) for t in self.tags):
+            raise TypeError(f"tags must be an iterable of str, got {self.tags!r}")
+        if not isinstance(self.extra, Mapping) or not all(isinstance(k, str) for k in self.extra):
+            raise TypeError(f"extra must be a mapping with str keys, got {self.extra!r}")
+        object.__setattr__(self, "tags", frozenset(self.tags))
+        object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
+        object.__setattr__(self, "secure", bool(self.secure))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, WorkerMetadata):
+            return NotImplemented
+        return self.uid == other.uid
+
+    def __hash__(self) -> int:
+        return hash(self.uid)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            WorkerMetadata,
+            (self.uid, self.address, self.pid, self.version, self.tags, dict(self.extra), self.secure),
+        )
+
+    def same_as(self, other: WorkerMetadata) -> bool:
+        """Whether every field, not just ``uid``, is equal."""
+        return self._fields() == other._fields()
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (
+            self.uid,
+            self.address,
+            self.pid,
+            self.version,
+            self.tags,
+            dict(self.extra),
+            self.secure,
+        )
+
+    def to_bytes(self) -> bytes:
+        """Encode as msgpack.
+
+        :raises TypeError: a value in ``extra`` is not msgpack-serialisable.
+        """
+        return msgpack.packb(
+            [
+                _CODEC_VERSION,
+                self.uid.bytes,
+                self.address,
+                self.pid,
+                self.version,
+                sorted(self.tags),
+                dict(self.extra),
+                self.secure,
+            ],
+            use_bin_type=True,
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> WorkerMetadata:
+        """Decode what :meth:`to_bytes` produced.
+
+        :raises ValueError: the bytes are not a metadata record of a known version.
+        """
+        try:
+            fields = msgpack.unpackb(data, raw=False, strict_map_key=True)
+            version, uid, address, pid, worker_version, tags, extra, secure = fields
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise ValueError("not an encoded WorkerMetadata") from exc
+        if version != _CODEC_VERSION:
+            raise ValueError(f"unknown WorkerMetadata codec version {version!r}")
+        return cls(UUID(bytes=uid), address, pid, worker_version, frozenset(tags), extra, secure)
+
+
+def _valid_address(address: str) -> bool:
+    if address.startswith("unix:"):
+        return address.startswith("unix:/")
+    host, sep, port = address.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)

@@ -1,0 +1,1 @@
+"""The worker runtime: routines, the wire protocol, workers, proxies and pools."""
