@@ -1,0 +1,59 @@
+"""afilter: a subscriber seen through a predicate on worker metadata.
+
+Pure async iteration over another subscriber; it owns no task, thread or file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+from uuid import UUID
+
+from anywool.discovery.protocols import DiscoveryEvent, DiscoverySubscriberLike, PredicateFunction
+from anywool.metadata import WorkerMetadata
+
+__all__ = ["afilter"]
+
+
+class afilter:
+    """Filter a subscriber's events through ``predicate``, tracking membership per worker.
+
+    A worker that starts passing the predicate is reported as ``worker-added``, one that keeps
+    passing as ``worker-updated``, one that stops passing (or is dropped) as ``worker-dropped``
+    with its last admitted metadata; events of workers never admitted are not reported.
+    Picklable when ``predicate`` and ``subscriber`` are.
+
+    :param predicate: called with each worker's metadata; a truthy result admits it.
+    :param subscriber: any :class:`~anywool.DiscoverySubscriberLike`.
+    :raises TypeError: ``predicate`` is not callable or ``subscriber`` is not a subscriber.
+    """
+
+    def __init__(self, predicate: PredicateFunction, subscriber: DiscoverySubscriberLike) -> None:
+        if not callable(predicate):
+            raise TypeError(f"predicate must be callable, got {predicate!r}")
+        if not isinstance(subscriber, DiscoverySubscriberLike):
+            raise TypeError(f"subscriber must be a DiscoverySubscriberLike, got {subscriber!r}")
+        self.predicate = predicate
+        self.subscriber = subscriber
+
+    def __aiter__(self) -> AsyncIterator[DiscoveryEvent]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[DiscoveryEvent]:
+        admitted: dict[UUID, WorkerMetadata] = {}
+        async for event in self.subscriber:
+            uid = event.metadata.uid
+            known = admitted.get(uid)
+            if event.type != "worker-dropped" and self.predicate(event.metadata):
+                admitted[uid] = event.metadata
+                yield DiscoveryEvent("worker-added" if known is None else "worker-updated",
+                                     event.metadata)
+            elif known is not None:
+                del admitted[uid]
+                yield DiscoveryEvent("worker-dropped", known)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (afilter, (self.predicate, self.subscriber))
+
+    def __repr__(self) -> str:
+        return f"afilter({self.predicate!r}, {self.subscriber!r})"

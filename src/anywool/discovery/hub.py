@@ -1,0 +1,370 @@
+"""Shared subscriptions: one source per process and ``(namespace, poll_interval)``, fanned out.
+
+A *source* binds the namespace once, runs one thread that waits on the hint (inotify) with the
+poll interval as timeout, scans what changed and hands each batch of events to every *consumer*.
+Each consumer is one ``async for`` over a subscription: it owns a bounded queue and a wake pipe
+that its own event loop awaits with :func:`anyio.wait_readable`, so consumers on different event
+loops (asyncio and trio, in different threads) share one source, and a slow consumer never
+blocks the source or its siblings.
+
+The source thread never touches an event loop; consumers never block on the source's work.
+When the last consumer leaves, the source's thread is stopped and joined and its descriptors
+closed: nothing per namespace outlives its subscriptions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import sys
+import threading
+from collections import deque
+from collections.abc import AsyncIterator
+from uuid import UUID
+
+import anyio
+
+from anywool._runtime_dir import runtime_dir
+from anywool.discovery import registry
+from anywool.discovery.protocols import DiscoveryEvent
+from anywool.errors import DiscoveryNamespaceNotFound
+from anywool.metadata import WorkerMetadata
+
+__all__ = ["DEFAULT_POLL_INTERVAL", "iterate", "stats"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_POLL_INTERVAL = 1.0
+# Events a consumer may have queued before it is resynchronised from the current view instead.
+CONSUMER_BUFFER = 4096
+_JOIN_TIMEOUT = 5.0
+
+if sys.platform == "linux":
+    try:
+        import inotify_simple
+    except ImportError:  # pragma: no cover - the dependency is declared for Linux
+        inotify_simple = None
+else:  # pragma: no cover
+    inotify_simple = None
+
+
+class _Consumer:
+    """One iteration's end of a source: a bounded batch queue and a wake pipe."""
+
+    def __init__(self) -> None:
+        self.batches: deque[list[DiscoveryEvent]] = deque()
+        self.queued = 0
+        self.overflowed = False
+        self.view: dict[UUID, WorkerMetadata] = {}
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+
+    # Called with the source lock held, from the source thread or an attaching thread.
+    def deliver(self, events: list[DiscoveryEvent]) -> None:
+        if not self.overflowed:
+            if self.queued + len(events) > CONSUMER_BUFFER:
+                self.overflowed = True
+                self.batches.clear()
+                self.queued = 0
+            else:
+                self.batches.append(events)
+                self.queued += len(events)
+        try:
+            os.write(self.wake_w, b"\0")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full (a wake is pending) or closed
+
+    def close(self) -> None:
+        for fd in (self.wake_r, self.wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class _Watcher:
+    """The hint watcher of one source: inotify on Linux, nothing (pure polling) elsewhere."""
+
+    _FILE_EVENTS = 0
+    _DIR_EVENTS = 0
+
+    def __init__(self) -> None:
+        self._inotify = None
+        self._watch: int | None = None
+        if inotify_simple is not None:
+            flags = inotify_simple.flags
+            self._FILE_EVENTS = (flags.MODIFY | flags.ATTRIB | flags.CLOSE_WRITE
+                                 | flags.DELETE_SELF | flags.MOVE_SELF)
+            self._DIR_EVENTS = flags.MOVED_TO | flags.CREATE | flags.ONLYDIR
+            self._inotify = inotify_simple.INotify()
+
+    def fileno(self) -> int | None:
+        return None if self._inotify is None else self._inotify.fileno()
+
+    def watch(self, path: os.PathLike[str] | str, directory: bool = False) -> None:
+        if self._inotify is None:
+            return
+        self.unwatch()
+        try:
+            self._watch = self._inotify.add_watch(
+                os.fspath(path), self._DIR_EVENTS if directory else self._FILE_EVENTS)
+        except OSError:
+            self._watch = None  # gone already: polling covers it
+
+    def unwatch(self) -> None:
+        if self._inotify is not None and self._watch is not None:
+            try:
+                self._inotify.rm_watch(self._watch)
+            except OSError:
+                pass  # the kernel dropped it when the file went away
+        self._watch = None
+
+    def drain(self) -> None:
+        if self._inotify is not None:
+            self._inotify.read(timeout=0)
+
+    def close(self) -> None:
+        if self._inotify is not None:
+            self._inotify.close()
+            self._inotify = None
+
+
+class _Source:
+    """One bound namespace shared by every consumer in this process."""
+
+    def __init__(self, key: tuple[str, float], namespace: str, poll_interval: float,
+                 binding: registry.Binding) -> None:
+        self.key = key
+        self.namespace = namespace
+        self.poll_interval = poll_interval
+        self.lock = threading.Lock()
+        self.consumers: set[_Consumer] = set()
+        self.view: dict[UUID, WorkerMetadata] = {}
+        self.binding: registry.Binding | None = binding
+        self.cache: dict[int, tuple[int, WorkerMetadata]] = {}
+        self.binds = 1
+        self.scans = 0
+        self.watcher = _Watcher()
+        self.stop_r, self.stop_w = os.pipe()
+        self._counter = -1
+        self.thread = threading.Thread(
+            target=self._run, name=f"anywool-source-{namespace[:24]}", daemon=True)
+
+    # -- lifecycle (hub lock held) --
+
+    def start(self) -> None:
+        self.watcher.watch(self.binding.path / "notify")  # type: ignore[union-attr]
+        self._refresh()  # the first consumer's snapshot is the registry as of now
+        self.thread.start()
+
+    def stop(self) -> threading.Thread:
+        os.write(self.stop_w, b"\0")
+        return self.thread
+
+    # -- the thread --
+
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self.stop_r, select.POLLIN)
+        hint_fd = self.watcher.fileno()
+        if hint_fd is not None:
+            poller.register(hint_fd, select.POLLIN)
+        try:
+            while True:
+                ready = poller.poll(self.poll_interval * 1000)
+                if any(fd == self.stop_r for fd, _ in ready):
+                    return
+                if ready:
+                    self.watcher.drain()
+                try:
+                    self._refresh(probe=not ready)
+                except Exception:  # a wedged writer or an I/O error: retry next round
+                    log.exception("discovery source for %r failed to refresh", self.namespace)
+        finally:
+            self.watcher.close()
+            if self.binding is not None:
+                self.binding.close()
+                self.binding = None
+            os.close(self.stop_r)
+            os.close(self.stop_w)
+
+    def _refresh(self, probe: bool = False) -> None:
+        """Bring the view up to date and hand the difference to every consumer."""
+        events: list[DiscoveryEvent] = []
+        binding = self.binding
+        if binding is not None:
+            counter, retired = binding.counter()
+            if retired or (probe and not binding.is_live()):
+                events = [DiscoveryEvent("worker-dropped", m) for m in self.view.values()]
+                self._orphan()
+            elif counter != self._counter:
+                self._counter = counter
+                self.scans += 1
+                events = _events_from(binding.scan(self.cache))
+        else:
+            try:
+                binding = registry.bind(self.namespace)
+            except DiscoveryNamespaceNotFound:
+                return
+            self.binding = binding
+            self.binds += 1
+            self.cache = {}
+            self._counter, _ = binding.counter()
+            self.watcher.watch(binding.path / "notify")
+            self.scans += 1
+            events = _events_from(binding.scan(self.cache))
+        if events:
+            with self.lock:
+                _apply(self.view, events)
+                for consumer in self.consumers:
+                    consumer.deliver(events)
+
+    def _orphan(self) -> None:
+        assert self.binding is not None
+        self.binding.close()
+        self.binding = None
+        self.cache = {}
+        self._counter = -1
+        # A successor appears by renaming its generation into the runtime directory.
+        self.watcher.watch(runtime_dir(create=False), directory=True)
+
+
+def _events_from(changes: list[registry.SlotChange]) -> list[DiscoveryEvent]:
+    events: list[DiscoveryEvent] = []
+    for change in changes:
+        old, new = change.old, change.new
+        if old is not None and (new is None or new.uid != old.uid):
+            events.append(DiscoveryEvent("worker-dropped", old))
+            old = None
+        if new is None:
+            continue
+        if old is None:
+            events.append(DiscoveryEvent("worker-added", new))
+        elif not new.same_as(old):
+            events.append(DiscoveryEvent("worker-updated", new))
+    return events
+
+
+def _apply(view: dict[UUID, WorkerMetadata], events: list[DiscoveryEvent]) -> None:
+    for event in events:
+        if event.type == "worker-dropped":
+            view.pop(event.metadata.uid, None)
+        else:
+            view[event.metadata.uid] = event.metadata
+
+
+def _diff(old: dict[UUID, WorkerMetadata], new: dict[UUID, WorkerMetadata]) -> list[DiscoveryEvent]:
+    events = [DiscoveryEvent("worker-dropped", m) for uid, m in old.items() if uid not in new]
+    for uid, metadata in new.items():
+        known = old.get(uid)
+        if known is None:
+            events.append(DiscoveryEvent("worker-added", metadata))
+        elif not known.same_as(metadata):
+            events.append(DiscoveryEvent("worker-updated", metadata))
+    return events
+
+
+class _Hub:
+    """The process-wide table of live sources."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sources: dict[tuple[str, float], _Source] = {}
+
+    def attach(self, namespace: str, poll_interval: float, consumer: _Consumer) -> _Source:
+        """Join (or start) the source and queue the current view as ``worker-added``.
+
+        Runs in a worker thread: binding touches the file system.
+
+        :raises DiscoveryNamespaceNotFound: no live owner holds the namespace.
+        """
+        key = (registry.namespace_key(namespace), poll_interval)
+        with self.lock:
+            source = self.sources.get(key)
+            if source is not None and source.binding is None:
+                # The source is orphaned: a new iteration needs a live owner right now.
+                registry.bind(namespace).close()
+            if source is None:
+                source = _Source(key, namespace, poll_interval, registry.bind(namespace))
+                try:
+                    source.start()
+                except BaseException:
+                    source.watcher.close()
+                    source.binding.close()  # type: ignore[union-attr]
+                    raise
+                self.sources[key] = source
+            with source.lock:
+                source.consumers.add(consumer)
+                snapshot = [DiscoveryEvent("worker-added", m) for m in source.view.values()]
+                if snapshot:
+                    consumer.deliver(snapshot)
+            return source
+
+    def detach(self, source: _Source, consumer: _Consumer) -> threading.Thread | None:
+        """Leave the source; returns its thread (to join) when this was the last consumer."""
+        with self.lock:
+            with source.lock:
+                source.consumers.discard(consumer)
+                last = not source.consumers
+            if last and self.sources.get(source.key) is source:
+                del self.sources[source.key]
+                return source.stop()
+        return None
+
+
+_hub = _Hub()
+
+
+def stats() -> dict[tuple[str, float], tuple[int, int, int]]:
+    """Test hook: ``(binds, scans, consumers)`` of every live source, by key."""
+    with _hub.lock:
+        return {k: (s.binds, s.scans, len(s.consumers)) for k, s in _hub.sources.items()}
+
+
+async def iterate(namespace: str, poll_interval: float) -> AsyncIterator[DiscoveryEvent]:
+    """Yield the namespace's current workers as ``worker-added``, then every change.
+
+    :raises DiscoveryNamespaceNotFound: no live owner holds the namespace when iteration starts.
+    """
+    consumer = _Consumer()
+    try:
+        source = await anyio.to_thread.run_sync(_hub.attach, namespace, poll_interval, consumer)
+    except BaseException:
+        consumer.close()
+        raise
+    try:
+        while True:
+            events = await _receive(source, consumer)
+            for event in events:
+                yield event
+    finally:
+        thread = _hub.detach(source, consumer)
+        consumer.close()
+        if thread is not None:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(thread.join, _JOIN_TIMEOUT)
+
+
+async def _receive(source: _Source, consumer: _Consumer) -> list[DiscoveryEvent]:
+    while True:
+        with source.lock:
+            if consumer.overflowed:
+                consumer.overflowed = False
+                consumer.batches.clear()
+                consumer.queued = 0
+                events = _diff(consumer.view, source.view)
+            elif consumer.batches:
+                events = consumer.batches.popleft()
+                consumer.queued -= len(events)
+            else:
+                events = None
+        if events:
+            _apply(consumer.view, events)
+            return events
+        await anyio.wait_readable(consumer.wake_r)
+        try:
+            os.read(consumer.wake_r, 4096)
+        except BlockingIOError:
+            pass

@@ -1,0 +1,408 @@
+"""LocalDiscovery: one owner per namespace on this host, and the borrowers that use it.
+
+Roles:
+
+- **owner**: ``async with LocalDiscovery(ns)`` claims the namespace (creating its registry),
+  reaps the workers of publishers that died, and on exit removes every file of it.
+- **publisher** (borrower): ``async with LocalDiscovery.Publisher(ns) as p`` binds the owner's
+  registry and announces workers with ``await p.publish(...)``.
+- **subscriber** (borrower): ``async for event in LocalDiscovery.Subscriber(ns)`` yields the
+  current workers as ``worker-added``, then every change.
+
+Borrowers never create anything: with no live owner they raise
+:class:`~anywool.errors.DiscoveryNamespaceNotFound`. The file-system work lives in
+:mod:`anywool.discovery.registry` and runs in worker threads; the shared subscription machinery
+lives in :mod:`anywool.discovery.hub`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+from anyio.abc import TaskGroup
+
+from anywool.discovery import hub, registry
+from anywool.discovery.filter import afilter
+from anywool.discovery.protocols import (
+    EVENT_TYPES,
+    Discovery,
+    DiscoveryEvent,
+    DiscoveryEventType,
+    DiscoverySubscriberLike,
+    PredicateFunction,
+)
+from anywool.errors import DiscoveryNamespaceNotFound
+from anywool.metadata import WorkerMetadata
+
+__all__ = ["LocalDiscovery"]
+
+log = logging.getLogger(__name__)
+
+_TEARDOWN_TIMEOUT = 10.0
+
+
+def _check_size(name: str, value: object, upper: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if not 1 <= value <= upper:
+        raise ValueError(f"{name} must be between 1 and {upper}, got {value!r}")
+    return value
+
+
+def _check_timeout(name: str, value: object, *, allow_zero: bool) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds or None, got {value!r}")
+    if math.isnan(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be {bound} seconds or None, got {value!r}")
+    return float(value)
+
+
+def _check_namespace(namespace: object) -> str:
+    if not isinstance(namespace, str):
+        raise TypeError(f"namespace must be a str, got {namespace!r}")
+    if not namespace:
+        raise ValueError("namespace must not be empty")
+    return namespace
+
+
+class LocalDiscovery(Discovery):
+    """Own a discovery namespace on this host for the lifetime of an ``async with`` block.
+
+    Entering claims the namespace atomically across processes: exactly one of any number of
+    racing claimants is admitted. The claim rests on a kernel ``flock`` the owner holds on the
+    namespace directory, so an owner that died (even by SIGKILL) is detected at once and, with
+    ``reclaim=True``, its namespace is swept and claimed. A live owner, however slow or stopped,
+    is never displaced. Exiting removes every file of the namespace; a process forked from the
+    owner removes nothing.
+
+    While entered, the owner's task group runs a reaper that removes the workers of publishers
+    whose process died (their lease lock is free) every ``reap_interval`` seconds.
+
+    ``publisher``, ``subscriber`` and :meth:`subscribe` return borrowers whether or not this
+    instance is entered; they bind whichever owner is live when they are used.
+
+    :param namespace: any string (it is hashed, never used as a path); ``None`` picks a fresh
+        random namespace.
+    :param filter: a predicate on :class:`~anywool.WorkerMetadata` applied to ``subscriber``.
+    :param capacity: number of worker slots in the registry, 1 to 65 536.
+    :param block_size: bytes available to one worker's encoded metadata, 1 to 1 MiB.
+    :param lock_timeout: seconds a registry lock may be waited for (``None``: forever).
+    :param reclaim: sweep a dead owner's namespace on entry instead of refusing it.
+    :param poll_interval: seconds between subscribers' checks that back up the change hint
+        (``None``: 1 s).
+    :param reap_interval: seconds between dead-publisher reaps (> 0).
+    :raises TypeError: an argument has the wrong type.
+    :raises ValueError: an argument is out of range (the message names it and its value).
+    """
+
+    def __init__(
+        self,
+        namespace: str | None = None,
+        *,
+        filter: PredicateFunction | None = None,
+        capacity: int = 128,
+        block_size: int = 1024,
+        lock_timeout: float | None = 30.0,
+        reclaim: bool = True,
+        poll_interval: float | None = None,
+        reap_interval: float = 1.0,
+    ) -> None:
+        self._namespace = (
+            f"anywool-{uuid.uuid4().hex}" if namespace is None else _check_namespace(namespace)
+        )
+        if filter is not None and not callable(filter):
+            raise TypeError(f"filter must be callable or None, got {filter!r}")
+        self._filter = filter
+        self._capacity = _check_size("capacity", capacity, registry.MAX_CAPACITY)
+        self._block_size = _check_size("block_size", block_size, registry.MAX_BLOCK_SIZE)
+        if capacity * block_size > registry.MAX_REGISTRY_BYTES:
+            raise ValueError(
+                f"capacity * block_size must be at most {registry.MAX_REGISTRY_BYTES} bytes, "
+                f"got {capacity} * {block_size}"
+            )
+        self._lock_timeout = _check_timeout("lock_timeout", lock_timeout, allow_zero=True)
+        if not isinstance(reclaim, bool):
+            raise TypeError(f"reclaim must be a bool, got {reclaim!r}")
+        self._reclaim = reclaim
+        self._poll_interval = _check_timeout("poll_interval", poll_interval, allow_zero=False)
+        interval = _check_timeout("reap_interval", reap_interval, allow_zero=False)
+        if interval is None:
+            raise TypeError("reap_interval must be a number of seconds, got None")
+        self._reap_interval = interval
+        self._entered = False
+        self._claim: registry.Claim | None = None
+        self._task_group: TaskGroup | None = None
+
+    @property
+    def namespace(self) -> str:
+        """The namespace this instance owns (or would own once entered)."""
+        return self._namespace
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def path(self) -> str | None:
+        """The namespace directory while entered, else ``None``."""
+        return None if self._claim is None else str(self._claim.path)
+
+    @property
+    def publisher(self) -> LocalDiscovery.Publisher:
+        """A new publisher borrowing this namespace (enter it to use it)."""
+        return LocalDiscovery.Publisher(self._namespace, lock_timeout=self._lock_timeout)
+
+    @property
+    def subscriber(self) -> DiscoverySubscriberLike:
+        """A subscription to this namespace, filtered by this instance's ``filter``."""
+        return self.subscribe(self._filter)
+
+    def subscribe(self, filter: PredicateFunction | None = None) -> DiscoverySubscriberLike:
+        """A subscription to this namespace, optionally filtered by ``filter``."""
+        subscription = LocalDiscovery.Subscriber(self._namespace, poll_interval=self._poll_interval)
+        return subscription if filter is None else afilter(filter, subscription)
+
+    async def __aenter__(self) -> LocalDiscovery:
+        """Claim the namespace and start the reaper.
+
+        :raises DiscoveryNamespaceInUse: a live owner holds it (or a dead one and
+            ``reclaim=False``).
+        :raises RuntimeError: this instance was entered before.
+        :raises OSError: the registry could not be created; nothing is left behind.
+        """
+        if self._entered:
+            raise RuntimeError("a LocalDiscovery instance is single-use; create a new one")
+        self._entered = True
+        claim = await anyio.to_thread.run_sync(
+            lambda: registry.claim(self._namespace, capacity=self._capacity,
+                                   block_size=self._block_size, reclaim=self._reclaim))
+        self._claim = claim
+        try:
+            self._task_group = anyio.create_task_group()
+            await self._task_group.__aenter__()
+            self._task_group.start_soon(self._reap_forever, name="anywool-local-reaper")
+        except BaseException:
+            self._task_group = None
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(claim.release)
+            self._claim = None
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        """Stop the reaper and remove the namespace. Shielded, bounded, never raises over the
+        caller's exception."""
+        claim, task_group = self._claim, self._task_group
+        self._claim = self._task_group = None
+        try:
+            if task_group is not None:
+                task_group.cancel_scope.cancel()
+                await task_group.__aexit__(None, None, None)
+        finally:
+            if claim is not None:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_TEARDOWN_TIMEOUT):
+                    try:
+                        await anyio.to_thread.run_sync(claim.release)
+                    except Exception:
+                        log.exception("failed to remove discovery namespace %r", self._namespace)
+        return None
+
+    async def _reap_forever(self) -> None:
+        claim = self._claim
+        assert claim is not None
+        while True:
+            await anyio.sleep(self._reap_interval)
+            try:
+                await anyio.to_thread.run_sync(claim.reap)
+            except Exception:
+                log.exception("reaping dead publishers of %r failed", self._namespace)
+
+    def __repr__(self) -> str:
+        return f"LocalDiscovery({self._namespace!r})"
+
+    # -- borrowers ----------------------------------------------------------------------------
+
+    class Publisher:
+        """Borrow a namespace to announce workers in it.
+
+        Entering binds the live owner's registry and takes a lease (a locked file that tells the
+        owner this publisher is alive). Exiting withdraws every worker this publisher announced
+        and did not drop, then releases the lease. If the owner exits meanwhile, the publisher is
+        *orphaned*: its next publish rebinds to a successor owner if one exists.
+
+        :param namespace: the namespace to borrow.
+        :param lock_timeout: seconds a registry lock may be waited for (``None``: forever).
+        :raises TypeError: an argument has the wrong type or is not accepted (a borrower
+            cannot declare ``capacity`` or ``block_size``; the owner stamped them).
+        :raises ValueError: ``lock_timeout`` is negative.
+        """
+
+        bind_host = "127.0.0.1"
+
+        def __init__(self, namespace: str, *, lock_timeout: float | None = 30.0) -> None:
+            self.namespace = _check_namespace(namespace)
+            self.lock_timeout = _check_timeout("lock_timeout", lock_timeout, allow_zero=True)
+            self._entered = False
+            self._binding: registry.Binding | None = None
+            self._lease: registry.Lease | None = None
+
+        async def __aenter__(self) -> LocalDiscovery.Publisher:
+            """Bind the namespace.
+
+            :raises DiscoveryNamespaceNotFound: no live owner holds it (nothing is created).
+            :raises RuntimeError: this publisher was entered before.
+            """
+            if self._entered:
+                raise RuntimeError("a LocalDiscovery.Publisher is single-use; create a new one")
+            self._entered = True
+            await anyio.to_thread.run_sync(self._bind)
+            return self
+
+        async def __aexit__(self, *exc_info: object) -> None:
+            """Withdraw this publisher's workers and release its lease (shielded, bounded)."""
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_TEARDOWN_TIMEOUT):
+                try:
+                    await anyio.to_thread.run_sync(self._release)
+                except Exception:
+                    log.exception("publisher of %r failed to withdraw its workers", self.namespace)
+
+        async def publish(self, type: DiscoveryEventType, metadata: WorkerMetadata) -> None:
+            """Announce a worker lifecycle change to every subscriber of the namespace.
+
+            :param type: ``"worker-added"`` registers (or refreshes in place),
+                ``"worker-updated"`` rewrites an existing registration, ``"worker-dropped"``
+                removes it (no-op when unknown).
+            :param metadata: the worker; its msgpack encoding must fit the owner's
+                ``block_size``.
+            :raises DiscoveryNamespaceNotFound: no live owner holds the namespace (after trying
+                to rebind to a successor).
+            :raises DiscoveryCapacityExhausted: every slot holds another worker.
+            :raises DiscoveryBlockExhausted: the metadata does not fit one block.
+            :raises DiscoveryWorkerNotFound: an update names an unregistered worker.
+            :raises TimeoutError: the registry lock was not taken within ``lock_timeout`` s.
+            :raises RuntimeError: the publisher is not entered.
+
+            Cancellation: safe at any point; a cancelled publish either committed fully or not
+            at all and never leaves the registry lock held (the lock is polled, never waited on
+            in the kernel, and the thread checks for cancellation between attempts).
+            """
+            if type not in EVENT_TYPES:
+                raise ValueError(f"type must be one of {sorted(EVENT_TYPES)}, got {type!r}")
+            if not isinstance(metadata, WorkerMetadata):
+                raise TypeError(f"metadata must be a WorkerMetadata, got {metadata!r}")
+            if not self._entered or self._released:
+                raise RuntimeError("publish needs an entered publisher (inside its async with)")
+            await anyio.to_thread.run_sync(self._publish, type, metadata)
+
+        _released = False
+
+        def _bind(self) -> None:
+            binding = registry.bind(self.namespace)
+            try:
+                lease = binding.open_lease()
+            except BaseException:
+                binding.close()
+                raise
+            self._binding, self._lease = binding, lease
+
+        def _publish(self, type: str, metadata: WorkerMetadata) -> None:
+            if self._binding is None or not self._binding.is_live():
+                self._rebind()
+            assert self._binding is not None and self._lease is not None
+            self._binding.publish(type, metadata, self._lease.id,
+                                  lock_timeout=self.lock_timeout,
+                                  checkpoint=anyio.from_thread.check_cancelled)
+
+        def _rebind(self) -> None:
+            self._drop_binding()
+            try:
+                self._bind()
+            except DiscoveryNamespaceNotFound:
+                raise DiscoveryNamespaceNotFound(self.namespace) from None
+
+        def _drop_binding(self) -> None:
+            if self._lease is not None:
+                self._lease.release()
+                self._lease = None
+            if self._binding is not None:
+                self._binding.close()
+                self._binding = None
+
+        def _release(self) -> None:
+            self._released = True
+            try:
+                if self._binding is not None and self._lease is not None \
+                        and self._binding.is_live():
+                    self._binding.withdraw(self._lease.id, lock_timeout=self.lock_timeout)
+            finally:
+                self._drop_binding()
+
+        def __repr__(self) -> str:
+            return f"LocalDiscovery.Publisher({self.namespace!r})"
+
+    class Subscriber:
+        """Borrow a namespace to follow its workers: an async iterable of events.
+
+        Every ``async for`` binds the live owner (all iterations in one process over the same
+        ``(namespace, poll_interval)`` share one source), yields ``worker-added`` for each
+        current worker, then every change. If the owner exits, the iteration yields
+        ``worker-dropped`` for every worker it knew, then follows a successor owner when one
+        claims the namespace.
+
+        :param namespace: the namespace to borrow.
+        :param poll_interval: seconds between checks that back up the change hint (``None``:
+            1 s).
+        :raises TypeError: an argument has the wrong type or is not accepted.
+        :raises ValueError: ``poll_interval`` is not positive.
+
+        Iterating raises :class:`~anywool.errors.DiscoveryNamespaceNotFound` when no live
+        owner holds the namespace as the iteration starts (nothing is created).
+        """
+
+        def __init__(self, namespace: str, *, poll_interval: float | None = None) -> None:
+            self.namespace = _check_namespace(namespace)
+            self.poll_interval = _check_timeout("poll_interval", poll_interval, allow_zero=False)
+
+        def __aiter__(self) -> AsyncIterator[DiscoveryEvent]:
+            interval = hub.DEFAULT_POLL_INTERVAL if self.poll_interval is None \
+                else self.poll_interval
+            return hub.iterate(self.namespace, interval)
+
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (_make_subscriber, (self.namespace, self.poll_interval))
+
+        def __eq__(self, other: object) -> bool:
+            if not isinstance(other, LocalDiscovery.Subscriber):
+                return NotImplemented
+            return (self.namespace, self.poll_interval) == (other.namespace, other.poll_interval)
+
+        def __hash__(self) -> int:
+            return hash((self.namespace, self.poll_interval))
+
+        def __repr__(self) -> str:
+            return (f"LocalDiscovery.Subscriber({self.namespace!r}, "
+                    f"poll_interval={self.poll_interval!r})")
+
+
+def _make_subscriber(namespace: str, poll_interval: float | None) -> LocalDiscovery.Subscriber:
+    return LocalDiscovery.Subscriber(namespace, poll_interval=poll_interval)

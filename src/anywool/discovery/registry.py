@@ -1,0 +1,751 @@
+"""The file-backed namespace registry: claim, bind, scan, publish, reap, release.
+
+Everything here is synchronous and blocking-free in the event-loop sense only because callers
+run it in worker threads: no event loop, no anyio, no asyncio. It can be unit-tested alone.
+
+On-disk shape (all below the private runtime directory)::
+
+    ns-<key>/           one generation of a namespace; its owner holds flock(LOCK_EX) on it
+        registry        header, slot table, metadata blocks (fixed offsets, pread/pwrite)
+        notify          the hint: publishers write a byte after every change
+        lease-<hex>     one per bound publisher, which holds flock(LOCK_EX) on it for life
+    tmp-<hex>/          a claimant preparing its generation
+    dead-<hex>/         a generation being removed
+
+Liveness always comes from a kernel ``flock`` held by the live process; the kernel releases it
+when the last descriptor closes, so a SIGKILLed owner or publisher frees it at once.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import fcntl
+import hashlib
+import os
+import secrets
+import shutil
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+from uuid import UUID
+
+from anywool._runtime_dir import runtime_dir
+from anywool.errors import (
+    DiscoveryBlockExhausted,
+    DiscoveryCapacityExhausted,
+    DiscoveryNamespaceInUse,
+    DiscoveryNamespaceNotFound,
+    DiscoveryWorkerNotFound,
+)
+from anywool.metadata import WorkerMetadata
+
+__all__ = [
+    "Binding",
+    "Claim",
+    "Lease",
+    "MAX_BLOCK_SIZE",
+    "MAX_CAPACITY",
+    "bind",
+    "claim",
+    "namespace_key",
+    "namespace_path",
+]
+
+MAGIC = b"AWNSREG\x01"
+FORMAT_VERSION = 1
+MAX_CAPACITY = 65_536
+MAX_BLOCK_SIZE = 1 << 20
+MAX_REGISTRY_BYTES = 256 << 20
+
+# magic, version, capacity, block_size, owner_pid, generation, digest, change counter, retired
+_HEADER = struct.Struct("<8sIIIi16s32sQB7x")
+_COUNTER_OFFSET = 8 + 4 * 4 + 16 + 32
+_RETIRED_OFFSET = _COUNTER_OFFSET + 8
+_HEADER_SPACE = 128
+# worker uid, sequence (the change counter at the write), lease id, payload length
+_SLOT = struct.Struct("<16sQ16sI4x")
+_EMPTY_UID = bytes(16)
+
+# Bytes of blake2b kept for a namespace key (26 base32 characters). Tests shrink it to force
+# collisions, which the digest stored in the header must then catch.
+KEY_BYTES = 16
+
+# A probe that finds a lock held retries for this long before calling its holder alive: another
+# prober may hold it for an instant, a live owner holds it continuously.
+_PROBE_WINDOW = 0.002
+
+
+def namespace_key(namespace: str) -> str:
+    """The file-system key of a namespace: a domain-separated blake2b hash in base32.
+
+    The raw name never reaches the file system, so any string (``"a/b"``, ``".."``, NUL,
+    10 000 characters) is a valid namespace.
+    """
+    raw = hashlib.blake2b(b"ns\0" + _encode(namespace), digest_size=KEY_BYTES).digest()
+    return base64.b32encode(raw).decode("ascii").rstrip("=").lower()
+
+
+def namespace_digest(namespace: str) -> bytes:
+    """The full 32-byte digest stored in the header and checked at bind."""
+    return hashlib.blake2b(b"digest\0" + _encode(namespace), digest_size=32).digest()
+
+
+def namespace_path(namespace: str, root: Path | None = None) -> Path:
+    """The directory a live generation of ``namespace`` occupies."""
+    return (root or runtime_dir()) / f"ns-{namespace_key(namespace)}"
+
+
+def _encode(namespace: str) -> bytes:
+    return namespace.encode("utf-8", "surrogatepass")
+
+
+# -- locks ------------------------------------------------------------------------------------
+
+
+def _try_lock(fd: int, operation: int) -> bool:
+    try:
+        fcntl.flock(fd, operation | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _probe_free(fd: int, operation: int = fcntl.LOCK_EX) -> bool:
+    """Whether the lock on ``fd`` is free (its holder is dead); the lock is left *taken* if so.
+
+    Retries for ``_PROBE_WINDOW`` seconds so that a concurrent prober's momentary hold is not
+    mistaken for a live holder.
+    """
+    deadline = time.monotonic() + _PROBE_WINDOW
+    while True:
+        if _try_lock(fd, operation):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.0002)
+
+
+def lock_with_backoff(
+    fd: int,
+    operation: int,
+    *,
+    timeout: float | None,
+    describe: Callable[[], str],
+    checkpoint: Callable[[], None] | None = None,
+) -> None:
+    """Take ``flock(operation)`` by polling ``LOCK_NB`` with a 1 ms → 20 ms backoff.
+
+    Never blocks in ``flock`` itself, so the calling thread can always be told to stop:
+    ``checkpoint`` is called between attempts and may raise (cancellation).
+
+    :raises TimeoutError: not acquired within ``timeout`` seconds (``None``: wait forever).
+    """
+    if _try_lock(fd, operation):
+        return
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        if checkpoint is not None:
+            checkpoint()
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"{describe()}: lock not acquired within {timeout} s")
+            time.sleep(min(delay, remaining))
+        else:
+            time.sleep(delay)
+        if _try_lock(fd, operation):
+            return
+        delay = min(delay * 2, 0.02)
+
+
+def _unlock(fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _open_dir(path: Path) -> int:
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def _open_file(path: Path, flags: int = os.O_RDWR) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def _close_quietly(fd: int | None) -> None:
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+# -- layout -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Header:
+    capacity: int
+    block_size: int
+    owner_pid: int
+    generation: bytes
+    digest: bytes
+    counter: int
+    retired: bool
+
+
+def _layout(capacity: int, block_size: int) -> tuple[int, int]:
+    """(offset of the first block, total file size) for a registry."""
+    blocks = _HEADER_SPACE + capacity * _SLOT.size
+    blocks = (blocks + 63) // 64 * 64
+    return blocks, blocks + capacity * block_size
+
+
+def _read_header(fd: int) -> Header:
+    data = os.pread(fd, _HEADER.size, 0)
+    if len(data) < _HEADER.size:
+        raise ValueError("short registry header")
+    magic, version, capacity, block_size, pid, generation, digest, counter, retired = (
+        _HEADER.unpack(data)
+    )
+    if magic != MAGIC or version != FORMAT_VERSION:
+        raise ValueError("not an anywool registry of a known format")
+    return Header(capacity, block_size, pid, generation, digest, counter, bool(retired))
+
+
+def _read_counter(fd: int) -> tuple[int, bool]:
+    data = os.pread(fd, 9, _COUNTER_OFFSET)
+    counter, retired = struct.unpack("<QB", data)
+    return counter, bool(retired)
+
+
+# -- claim ------------------------------------------------------------------------------------
+
+
+class Claim:
+    """An owner's hold on one generation of a namespace (``ns-<key>/``).
+
+    The directory descriptor carries ``flock(LOCK_EX)`` for the owner's lifetime. Created by
+    :func:`claim`; :meth:`release` retires and removes the generation.
+    """
+
+    def __init__(self, namespace: str, root: Path, path: Path, dir_fd: int, registry_fd: int,
+                 header: Header) -> None:
+        self.namespace = namespace
+        self.root = root
+        self.path = path
+        self.dir_fd = dir_fd
+        self.registry_fd = registry_fd
+        self.header = header
+        self.pid = os.getpid()
+        self._released = False
+
+    @property
+    def capacity(self) -> int:
+        return self.header.capacity
+
+    @property
+    def block_size(self) -> int:
+        return self.header.block_size
+
+    def release(self, lock_timeout: float | None = 5.0) -> None:
+        """Retire the generation, wake its subscribers and remove every file of it.
+
+        A process forked from the owner removes nothing (its pid differs from the claimer's).
+        Idempotent.
+        """
+        if self._released:
+            return
+        self._released = True
+        try:
+            if os.getpid() != self.pid:
+                return
+            try:
+                lock_with_backoff(self.registry_fd, fcntl.LOCK_EX, timeout=lock_timeout,
+                                  describe=lambda: f"namespace {self.namespace!r}")
+                locked = True
+            except TimeoutError:
+                locked = False  # a wedged writer: retire anyway, the generation is going away
+            try:
+                counter, _ = _read_counter(self.registry_fd)
+                os.pwrite(self.registry_fd, struct.pack("<QB", counter + 1, 1), _COUNTER_OFFSET)
+            finally:
+                if locked:
+                    _unlock(self.registry_fd)
+            _touch_hint(self.path)
+            _remove_generation(self.root, self.path)
+        finally:
+            _close_quietly(self.registry_fd)
+            _close_quietly(self.dir_fd)  # releases the owner's flock
+
+    def reap(self) -> list[UUID]:
+        """Clear the slots of publishers whose lease lock is free (the process died).
+
+        :returns: the uids of the workers removed.
+        """
+        with _locked(self.registry_fd, fcntl.LOCK_EX, 5.0, self.namespace):
+            table = _read_slots(self.registry_fd, self.header.capacity)
+            leases = {entry[2] for entry in table if entry[3] and entry[2] != _EMPTY_UID}
+            dead = {lease for lease in leases if _lease_is_dead(self.path, lease)}
+            if not dead:
+                return []
+            removed: list[UUID] = []
+            counter, _ = _read_counter(self.registry_fd)
+            for index, (uid, _seq, lease, length) in enumerate(table):
+                if length and lease in dead:
+                    counter += 1
+                    _write_slot(self.registry_fd, index, _EMPTY_UID, counter, _EMPTY_UID, 0)
+                    removed.append(UUID(bytes=uid))
+            os.pwrite(self.registry_fd, struct.pack("<Q", counter), _COUNTER_OFFSET)
+        for lease in dead:
+            try:
+                os.unlink(self.path / f"lease-{lease.hex()}")
+            except FileNotFoundError:
+                pass
+        _touch_hint(self.path)
+        return removed
+
+
+def claim(namespace: str, *, capacity: int, block_size: int, reclaim: bool = True,
+          root: Path | None = None) -> Claim:
+    """Claim ``namespace`` atomically across processes.
+
+    Builds a stamped generation in ``tmp-<random>/`` under its own lock, then renames it to
+    ``ns-<key>``; the rename fails when a generation exists, so exactly one racing claimant
+    wins. A generation whose owner is dead (its lock can be taken) is swept and the rename
+    retried once when ``reclaim`` is true.
+
+    :raises DiscoveryNamespaceInUse: a live owner holds the namespace, or a dead one does and
+        ``reclaim`` is false (``owner_pid`` is then ``None``).
+    :raises OSError: the registry could not be created (for example no space); nothing created
+        is left behind.
+    """
+    root = root or runtime_dir()
+    _sweep_leftovers(root)
+    target = namespace_path(namespace, root)
+    tmp = root / f"tmp-{secrets.token_hex(8)}"
+    os.mkdir(tmp, 0o700)
+    dir_fd = registry_fd = None
+    try:
+        dir_fd = _open_dir(tmp)
+        fcntl.flock(dir_fd, fcntl.LOCK_EX)
+        registry_fd, header = _create_registry(tmp, namespace, capacity, block_size)
+        fd = _open_file(tmp / "notify", os.O_RDWR | os.O_CREAT | os.O_EXCL)
+        os.fchmod(fd, 0o600)
+        os.close(fd)
+        for attempt in range(3):
+            try:
+                os.rename(tmp, target)
+                return Claim(namespace, root, target, dir_fd, registry_fd, header)
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+            incumbent = _probe_incumbent(namespace, target)
+            if incumbent is not None:
+                raise incumbent
+            if not reclaim:
+                raise DiscoveryNamespaceInUse(namespace, str(target), None)
+            _sweep_dead(root, target)
+        raise DiscoveryNamespaceInUse(namespace, str(target), _owner_pid(target))
+    except BaseException:
+        _close_quietly(registry_fd)
+        _close_quietly(dir_fd)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _create_registry(directory: Path, namespace: str, capacity: int,
+                     block_size: int) -> tuple[int, Header]:
+    fd = _open_file(directory / "registry", os.O_RDWR | os.O_CREAT | os.O_EXCL)
+    try:
+        os.fchmod(fd, 0o600)
+        _, size = _layout(capacity, block_size)
+        try:
+            os.posix_fallocate(fd, 0, size)  # reserve now: no ENOSPC mid-publish later
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            os.ftruncate(fd, size)
+        header = Header(capacity, block_size, os.getpid(), secrets.token_bytes(16),
+                        namespace_digest(namespace), 0, False)
+        os.pwrite(fd, _HEADER.pack(MAGIC, FORMAT_VERSION, capacity, block_size, header.owner_pid,
+                                   header.generation, header.digest, 0, 0), 0)
+        return fd, header
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _probe_incumbent(namespace: str, target: Path) -> DiscoveryNamespaceInUse | None:
+    """The error to raise if ``target`` has a live owner; ``None`` if it is dead or gone."""
+    try:
+        fd = _open_dir(target)
+    except FileNotFoundError:
+        return None
+    try:
+        if _probe_free(fd):
+            _unlock(fd)
+            return None
+        return DiscoveryNamespaceInUse(namespace, str(target), _owner_pid(target))
+    finally:
+        os.close(fd)
+
+
+def _owner_pid(target: Path) -> int | None:
+    try:
+        fd = _open_file(target / "registry", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return _read_header(fd).owner_pid
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _sweep_dead(root: Path, target: Path) -> None:
+    """Remove ``target`` if its owner is dead, holding its lock throughout."""
+    try:
+        fd = _open_dir(target)
+    except FileNotFoundError:
+        return
+    try:
+        if not _probe_free(fd):
+            return
+        try:
+            current = os.stat(target, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        locked = os.fstat(fd)
+        if (current.st_dev, current.st_ino) != (locked.st_dev, locked.st_ino):
+            return  # another sweeper replaced it meanwhile
+        _remove_generation(root, target)
+    finally:
+        os.close(fd)
+
+
+def _remove_generation(root: Path, path: Path) -> None:
+    dead = root / f"dead-{secrets.token_hex(8)}"
+    try:
+        os.rename(path, dead)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(dead, ignore_errors=True)
+
+
+def _sweep_leftovers(root: Path) -> None:
+    """Remove ``tmp-*`` and ``dead-*`` directories whose creator died (their lock is free)."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return
+    now = time.time()
+    for name in names:
+        if not (name.startswith("tmp-") or name.startswith("dead-")):
+            continue
+        path = root / name
+        try:
+            fd = _open_dir(path)
+        except OSError:
+            continue
+        try:
+            info = os.fstat(fd)
+            # A claimant locks its tmp directory right after mkdir: spare very young ones.
+            if name.startswith("tmp-") and now - info.st_mtime < 1.0:
+                continue
+            if _try_lock(fd, fcntl.LOCK_EX):
+                shutil.rmtree(path, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+
+# -- bind -------------------------------------------------------------------------------------
+
+
+class SlotChange(NamedTuple):
+    seq: int
+    index: int
+    old: WorkerMetadata | None
+    new: WorkerMetadata | None
+
+
+class Binding:
+    """A borrower's handle on the live generation of a namespace.
+
+    Holds descriptors on the generation directory and its registry; never holds the owner's
+    lock (liveness is probed with ``LOCK_SH | LOCK_NB``, which conflicts only with the owner).
+    """
+
+    def __init__(self, namespace: str, path: Path, dir_fd: int, registry_fd: int,
+                 header: Header) -> None:
+        self.namespace = namespace
+        self.path = path
+        self.dir_fd = dir_fd
+        self.registry_fd = registry_fd
+        self.header = header
+        self._blocks_offset, _ = _layout(header.capacity, header.block_size)
+
+    @property
+    def capacity(self) -> int:
+        return self.header.capacity
+
+    @property
+    def block_size(self) -> int:
+        return self.header.block_size
+
+    @property
+    def generation(self) -> bytes:
+        return self.header.generation
+
+    def close(self) -> None:
+        _close_quietly(self.registry_fd)
+        _close_quietly(self.dir_fd)
+        self.registry_fd = self.dir_fd = -1
+
+    def is_live(self) -> bool:
+        """Whether the owner of this generation is alive and has not retired it."""
+        try:
+            _, retired = _read_counter(self.registry_fd)
+        except OSError:
+            return False
+        if retired:
+            return False
+        # One try: LOCK_SH conflicts only with LOCK_EX, held continuously by a live owner and
+        # for an instant by a claimant's probe (which then reads as "alive": harmless here).
+        if _try_lock(self.dir_fd, fcntl.LOCK_SH):
+            _unlock(self.dir_fd)
+            return False
+        return True
+
+    def counter(self) -> tuple[int, bool]:
+        """(change counter, retired flag) from the header; a cheap unlocked read."""
+        return _read_counter(self.registry_fd)
+
+    # -- reads --
+
+    def scan(self, cache: dict[int, tuple[int, WorkerMetadata]],
+             lock_timeout: float | None = 30.0,
+             checkpoint: Callable[[], None] | None = None) -> list[SlotChange]:
+        """Refresh ``cache`` (slot index → (sequence, metadata)) from the slot table.
+
+        Only blocks whose sequence changed are read and decoded, so a change among many
+        workers costs O(changed). Reads under ``LOCK_SH`` so no write is ever seen half done.
+
+        :returns: the slots that changed, in the order they were written.
+        """
+        changed: list[SlotChange] = []
+        with _locked(self.registry_fd, fcntl.LOCK_SH, lock_timeout, self.namespace, checkpoint):
+            table = _read_slots(self.registry_fd, self.header.capacity)
+            for index, (uid, seq, _lease, length) in enumerate(table):
+                known = cache.get(index)
+                if known is not None and known[0] == seq:
+                    continue
+                if not length and known is None:
+                    continue
+                metadata = None
+                if length:
+                    data = os.pread(self.registry_fd, length,
+                                    self._blocks_offset + index * self.header.block_size)
+                    try:
+                        metadata = WorkerMetadata.from_bytes(data)
+                    except ValueError:
+                        metadata = None  # unreadable block: treat as empty
+                if metadata is None:
+                    cache.pop(index, None)
+                else:
+                    cache[index] = (seq, metadata)
+                changed.append(SlotChange(seq, index, known[1] if known else None, metadata))
+        changed.sort(key=lambda change: change.seq)
+        return changed
+
+    # -- writes --
+
+    def publish(self, kind: str, metadata: WorkerMetadata, lease: bytes, *,
+                lock_timeout: float | None,
+                checkpoint: Callable[[], None] | None = None) -> bool:
+        """Apply one change under ``LOCK_EX`` and write the hint.
+
+        :returns: whether the registry changed.
+        :raises DiscoveryBlockExhausted: the encoded metadata exceeds ``block_size`` bytes.
+        :raises DiscoveryCapacityExhausted: no free slot for a new worker.
+        :raises DiscoveryWorkerNotFound: ``kind`` is ``"worker-updated"`` for an unknown uid.
+        :raises TimeoutError: the registry lock was not taken within ``lock_timeout`` seconds.
+        """
+        payload = b""
+        if kind != "worker-dropped":
+            payload = metadata.to_bytes()
+            if len(payload) > self.header.block_size:
+                raise DiscoveryBlockExhausted(len(payload))
+        uid = metadata.uid.bytes
+        with _locked(self.registry_fd, fcntl.LOCK_EX, lock_timeout, self.namespace, checkpoint):
+            table = _read_slots(self.registry_fd, self.header.capacity)
+            index = next((i for i, entry in enumerate(table) if entry[3] and entry[0] == uid),
+                         None)
+            if kind == "worker-dropped":
+                if index is None:
+                    return False
+                self._commit(index, _EMPTY_UID, _EMPTY_UID, b"")
+            elif kind == "worker-updated":
+                if index is None:
+                    raise DiscoveryWorkerNotFound(metadata.uid)
+                self._commit(index, uid, table[index][2], payload)
+            else:
+                if index is None:
+                    index = next((i for i, entry in enumerate(table) if not entry[3]), None)
+                    if index is None:
+                        raise DiscoveryCapacityExhausted(self.header.capacity)
+                self._commit(index, uid, lease, payload)
+        _touch_hint(self.path)
+        return True
+
+    def withdraw(self, lease: bytes, *, lock_timeout: float | None) -> int:
+        """Clear every slot written under ``lease``; returns how many."""
+        with _locked(self.registry_fd, fcntl.LOCK_EX, lock_timeout, self.namespace):
+            table = _read_slots(self.registry_fd, self.header.capacity)
+            indices = [i for i, entry in enumerate(table) if entry[3] and entry[2] == lease]
+            for index in indices:
+                self._commit(index, _EMPTY_UID, _EMPTY_UID, b"")
+        if indices:
+            _touch_hint(self.path)
+        return len(indices)
+
+    def _commit(self, index: int, uid: bytes, lease: bytes, payload: bytes) -> None:
+        # Caller holds LOCK_EX. Block first, then the slot, then the counter: a reader under
+        # LOCK_SH cannot interleave, and a crash mid-way leaves at worst a stale block.
+        counter, _ = _read_counter(self.registry_fd)
+        counter += 1
+        if payload:
+            os.pwrite(self.registry_fd, payload,
+                      self._blocks_offset + index * self.header.block_size)
+        _write_slot(self.registry_fd, index, uid, counter, lease, len(payload))
+        os.pwrite(self.registry_fd, struct.pack("<Q", counter), _COUNTER_OFFSET)
+
+    # -- leases --
+
+    def open_lease(self) -> Lease:
+        """Create and lock this publisher's lease file in the generation directory."""
+        lease_id = secrets.token_bytes(16)
+        path = self.path / f"lease-{lease_id.hex()}"
+        fd = _open_file(path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+        try:
+            os.fchmod(fd, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BaseException:
+            os.close(fd)
+            _unlink_quietly(path)
+            raise
+        return Lease(lease_id, path, fd)
+
+
+class Lease:
+    """A publisher's liveness token: a file it holds ``flock(LOCK_EX)`` on for its lifetime."""
+
+    def __init__(self, lease_id: bytes, path: Path, fd: int) -> None:
+        self.id = lease_id
+        self.path = path
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            _unlink_quietly(self.path)
+            _close_quietly(self.fd)
+            self.fd = -1
+
+
+def bind(namespace: str, root: Path | None = None) -> Binding:
+    """Bind to the live generation of ``namespace`` without creating anything.
+
+    :raises DiscoveryNamespaceNotFound: no generation exists, its owner is dead or retired, or
+        it belongs to another namespace whose key collides with this one.
+    """
+    path = namespace_path(namespace, root)
+    try:
+        dir_fd = _open_dir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise DiscoveryNamespaceNotFound(namespace) from None
+    registry_fd = None
+    try:
+        registry_fd = _open_file(path / "registry", os.O_RDWR)
+        header = _read_header(registry_fd)
+        if header.digest != namespace_digest(namespace):
+            raise DiscoveryNamespaceNotFound(namespace)
+        binding = Binding(namespace, path, dir_fd, registry_fd, header)
+        if not binding.is_live():
+            raise DiscoveryNamespaceNotFound(namespace)
+        return binding
+    except DiscoveryNamespaceNotFound:
+        _close_quietly(registry_fd)
+        os.close(dir_fd)
+        raise
+    except (OSError, ValueError):
+        _close_quietly(registry_fd)
+        os.close(dir_fd)
+        raise DiscoveryNamespaceNotFound(namespace) from None
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+class _locked:
+    def __init__(self, fd: int, operation: int, timeout: float | None, namespace: str,
+                 checkpoint: Callable[[], None] | None = None) -> None:
+        self._fd = fd
+        self._operation = operation
+        self._timeout = timeout
+        self._namespace = namespace
+        self._checkpoint = checkpoint
+
+    def __enter__(self) -> None:
+        lock_with_backoff(self._fd, self._operation, timeout=self._timeout,
+                          describe=lambda: f"discovery namespace {self._namespace!r}",
+                          checkpoint=self._checkpoint)
+
+    def __exit__(self, *exc_info: object) -> None:
+        _unlock(self._fd)
+
+
+def _read_slots(fd: int, capacity: int) -> list[tuple[bytes, int, bytes, int]]:
+    data = os.pread(fd, capacity * _SLOT.size, _HEADER_SPACE)
+    return list(_SLOT.iter_unpack(data))
+
+
+def _write_slot(fd: int, index: int, uid: bytes, seq: int, lease: bytes, length: int) -> None:
+    os.pwrite(fd, _SLOT.pack(uid, seq, lease, length), _HEADER_SPACE + index * _SLOT.size)
+
+
+def _touch_hint(path: Path) -> None:
+    """Write the change hint (inotify reports IN_MODIFY); best effort, it is only a hint."""
+    try:
+        fd = _open_file(path / "notify", os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        os.pwrite(fd, b"\x01", 0)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _lease_is_dead(path: Path, lease: bytes) -> bool:
+    try:
+        fd = _open_file(path / f"lease-{lease.hex()}", os.O_RDONLY)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        return _try_lock(fd, fcntl.LOCK_EX)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
