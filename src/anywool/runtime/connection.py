@@ -1,0 +1,364 @@
+"""The client side of one worker connection: many concurrent calls over one stream.
+
+:class:`WorkerConnection` is an owner: entering it connects and starts its reader task in its own
+task group; the reader demultiplexes frames by call id into one memory object stream per call.
+Callers never touch the task group: a call sends frames (under the frame stream's send lock) and
+reads its own memory stream, so any task may call, and the async generator returned for a
+streaming routine never yields inside a cancel scope (house rule 3).
+
+What this module must never do: retry a call the worker may have started (only undelivered calls
+are reported as :class:`CallNotDelivered`, which a load balancer may retry elsewhere).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections.abc import AsyncGenerator, Callable
+from types import TracebackType
+from typing import Any
+
+import anyio
+from anyio.abc import ByteStream, TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from anywool.errors import WorkerError
+from anywool.runtime import serializer
+from anywool.runtime.wire import DEFAULT_MAX_FRAME_SIZE, Frame, FrameError, FrameStream, Kind
+
+__all__ = ["CallNotDelivered", "WorkerConnection", "connect_stream", "drive_stream"]
+
+log = logging.getLogger(__name__)
+
+_TERMINAL = frozenset({Kind.END, Kind.EXCEPTION, Kind.NACK})
+
+
+class CallNotDelivered(WorkerError):
+    """The worker never accepted the call (refused it, or the connection was already broken),
+    so it certainly did not run and may be retried on another worker."""
+
+
+async def connect_stream(address: str) -> ByteStream:
+    """Open a byte stream to ``address`` (``"unix:/path"`` or ``"host:port"``).
+
+    :raises OSError: the connection failed.
+    """
+    if address.startswith("unix:"):
+        return await anyio.connect_unix(address[len("unix:") :])
+    host, _, port = address.rpartition(":")
+    return await anyio.connect_tcp(host.strip("[]"), int(port))
+
+
+class WorkerConnection:
+    """One connection to one worker, shared by any number of concurrent calls.
+
+    :param address: the worker's address, ``"unix:/path"`` or ``"host:port"``.
+    :param connect_timeout: seconds allowed to connect (> 0).
+    :param cancel_timeout: seconds a cancelled call waits for the worker to confirm that the
+        routine finished unwinding, before giving up on the confirmation (> 0).
+    :param max_frame_size: the largest frame body accepted or sent, in bytes.
+    :param on_lost: called (synchronously, from the reader task) once when the connection fails
+        or the worker closes it.
+
+    Entering raises :class:`~anywool.errors.WorkerError` when the worker cannot be reached within
+    ``connect_timeout``; ``RuntimeError`` on a second entry. Exiting closes the stream and fails
+    every pending call with :class:`~anywool.errors.WorkerError`; it is shielded, bounded and
+    never raises.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        connect_timeout: float = 10.0,
+        cancel_timeout: float = 5.0,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        on_lost: Callable[[], object] | None = None,
+    ) -> None:
+        self.address = address
+        self._connect_timeout = connect_timeout
+        self._cancel_timeout = cancel_timeout
+        self._max_frame_size = max_frame_size
+        self._on_lost = on_lost
+        self._entered = False
+        self._stream: ByteStream | None = None
+        self._frames: FrameStream | None = None
+        self._task_group: TaskGroup | None = None
+        self._calls: dict[int, MemoryObjectSendStream[Frame]] = {}
+        self._ids = itertools.count(1)
+        self._failure: str | None = None
+
+    @property
+    def broken(self) -> bool:
+        """Whether the connection failed or was closed; a broken connection takes no calls."""
+        return self._failure is not None
+
+    async def __aenter__(self) -> WorkerConnection:
+        if self._entered:
+            raise RuntimeError("a WorkerConnection is single-use")
+        self._entered = True
+        try:
+            with anyio.fail_after(self._connect_timeout):
+                self._stream = await connect_stream(self.address)
+        except TimeoutError:
+            raise WorkerError(
+                self.address, f"could not connect within {self._connect_timeout} seconds"
+            ) from None
+        except OSError as exc:
+            raise WorkerError(self.address, f"could not connect: {exc}") from exc
+        self._frames = FrameStream(self._stream, self._stream, max_frame_size=self._max_frame_size)
+        self._task_group = anyio.create_task_group()
+        await self._task_group.__aenter__()
+        self._task_group.start_soon(self._read, name=f"anywool-reader-{self.address}")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._fail("the connection was closed")
+        task_group, self._task_group = self._task_group, None
+        try:
+            if task_group is not None:
+                task_group.cancel_scope.cancel()
+                await task_group.__aexit__(None, None, None)
+        finally:
+            if self._stream is not None:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+                    await self._stream.aclose()
+
+    async def _read(self) -> None:
+        assert self._frames is not None
+        reason = "the worker closed the connection"
+        try:
+            while True:
+                frame = await self._frames.receive()
+                stream = self._calls.get(frame.call_id)
+                if stream is None:
+                    continue  # a call that already gave up (e.g. cancelled): drop its late frames
+                try:
+                    stream.send_nowait(frame)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    pass
+        except anyio.EndOfStream:
+            pass
+        except FrameError as exc:
+            reason = str(exc)
+        except (OSError, anyio.BrokenResourceError) as exc:
+            reason = f"connection failed: {exc!r}"
+        except anyio.ClosedResourceError:
+            reason = "the connection was closed"
+        self._fail(reason)
+
+    def _fail(self, reason: str) -> None:
+        if self._failure is None:
+            self._failure = reason
+            if self._on_lost is not None:
+                try:
+                    self._on_lost()
+                except Exception:
+                    log.exception("on_lost callback of %s failed", self.address)
+        calls, self._calls = self._calls, {}
+        for stream in calls.values():
+            stream.close()
+
+    # -- calls -------------------------------------------------------------------------------
+
+    async def _open(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
+        """Register a call, send its CALL frame and wait for the worker's answer to it."""
+        payload = serializer.dumps((fn, args, kwargs))
+        if self._failure is not None or self._frames is None:
+            raise CallNotDelivered(self.address, self._failure or "not connected")
+        call_id = next(self._ids)
+        send, receive = anyio.create_memory_object_stream[Frame](math.inf)
+        self._calls[call_id] = send
+        call = _Call(self, call_id, receive, getattr(fn, "__qualname__", repr(fn)))
+        try:
+            try:
+                await self._frames.send(Frame(Kind.CALL, call_id, payload))
+            except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+                self._fail(f"connection failed: {exc!r}")
+                raise CallNotDelivered(self.address, f"could not send the call: {exc!r}") from exc
+            first = await call.next_frame()
+            if first.kind == Kind.NACK:
+                call.finished = True
+                raise CallNotDelivered(self.address, "the worker refused the call (it is stopping)")
+            if first.kind != Kind.ACK:
+                call.pushback(first)
+        except BaseException:
+            await call.release()
+            raise
+        return call
+
+    async def call(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run the coroutine function ``fn(*args, **kwargs)`` on the worker.
+
+        :returns: the routine's return value.
+        :raises CallNotDelivered: the worker refused the call or the connection was already
+            broken; the routine did not run.
+        :raises WorkerError: the connection was lost while the call was in flight.
+        :raises ~anywool.errors.RoutineCancelled: the routine was cancelled on the worker.
+        :raises FrameError: the pickled call exceeds the maximum frame size; nothing was sent.
+        :raises Exception: whatever the routine raised, rebuilt in this process.
+
+        Cancellation: sends a cancel frame, waits up to ``cancel_timeout`` seconds (shielded) for
+        the worker to confirm the routine ended, then re-raises the cancellation.
+        """
+        call = await self._open(fn, args, kwargs)
+        try:
+            value: Any = None
+            while True:
+                frame = await call.next_frame()
+                if frame.kind == Kind.RESULT:
+                    value = serializer.loads(frame.payload)
+                elif frame.kind == Kind.END:
+                    call.finished = True
+                    return value
+                else:
+                    call.finished = True
+                    raise call.remote_exception(frame)
+        finally:
+            await call.release()
+
+    async def stream(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> _Call:
+        """Start the async generator function ``fn(*args, **kwargs)`` on the worker.
+
+        :returns: the accepted call; drive it with :func:`drive_stream`.
+        :raises CallNotDelivered: as for :meth:`call`.
+        """
+        return await self._open(fn, args, kwargs)
+
+
+class _Call:
+    """The client's half of one call: its frames and the steps that drive it."""
+
+    def __init__(
+        self,
+        connection: WorkerConnection,
+        call_id: int,
+        receive: MemoryObjectReceiveStream[Frame],
+        name: str,
+    ) -> None:
+        self.connection = connection
+        self.id = call_id
+        self.name = name
+        self.finished = False
+        self._receive = receive
+        self._pending: list[Frame] = []
+
+    def pushback(self, frame: Frame) -> None:
+        self._pending.append(frame)
+
+    async def next_frame(self) -> Frame:
+        """The next frame of this call.
+
+        :raises WorkerError: the connection was lost.
+        Cancellation: cancels the routine on the worker (see :meth:`abort`), then re-raises.
+        """
+        if self._pending:
+            return self._pending.pop(0)
+        try:
+            return await self._receive.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self.finished = True
+            raise WorkerError(
+                self.connection.address,
+                f"lost while running {self.name}: {self.connection._failure or 'closed'}",
+            ) from None
+        except anyio.get_cancelled_exc_class():
+            await self.abort()
+            raise
+
+    def remote_exception(self, frame: Frame) -> BaseException:
+        if frame.kind == Kind.EXCEPTION:
+            return serializer.loads_exception(frame.payload)
+        if frame.kind == Kind.NACK:
+            return CallNotDelivered(self.connection.address, "the worker refused the call")
+        return WorkerError(self.connection.address, f"unexpected {frame.kind.name} frame")
+
+    async def send(self, kind: Kind, payload: bytes = b"") -> None:
+        frames = self.connection._frames
+        assert frames is not None
+        try:
+            await frames.send(Frame(kind, self.id, payload))
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            self.finished = True
+            raise WorkerError(self.connection.address, f"connection failed: {exc!r}") from exc
+
+    async def abort(self) -> None:
+        """Cancel the routine on the worker and wait until it has unwound (shielded, bounded)."""
+        if self.finished:
+            return
+        self.finished = True
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.connection._cancel_timeout):
+            try:
+                await self.send(Kind.CANCEL)
+                while True:
+                    if self._pending:
+                        frame = self._pending.pop(0)
+                    else:
+                        frame = await self._receive.receive()
+                    if frame.kind in _TERMINAL:
+                        break
+            except (WorkerError, anyio.EndOfStream, anyio.ClosedResourceError):
+                pass
+
+    async def release(self) -> None:
+        """End this call on the client: cancel it remotely if unfinished, drop its stream."""
+        try:
+            if not self.finished:
+                await self.abort()
+        finally:
+            self.connection._calls.pop(self.id, None)
+            self._receive.close()
+
+    async def step(self, kind: Kind, payload: bytes = b"") -> tuple[bool, Any]:
+        """Drive a streaming call by one step.
+
+        :returns: ``(False, item)`` for a yielded item, ``(True, None)`` when the remote
+            generator is exhausted or closed.
+        :raises Exception: what the remote generator raised.
+        """
+        await self.send(kind, payload)
+        frame = await self.next_frame()
+        if frame.kind == Kind.RESULT:
+            return False, serializer.loads(frame.payload)
+        self.finished = True
+        if frame.kind == Kind.END:
+            return True, None
+        raise self.remote_exception(frame)
+
+
+async def drive_stream(call: _Call) -> AsyncGenerator[Any, Any]:
+    """An async generator mirroring the remote generator of ``call`` one step per frame.
+
+    ``asend(v)`` sends ``v`` to the remote generator; ``athrow(exc)`` throws ``exc`` into it;
+    ``aclose()`` closes it (its ``finally`` blocks run on the worker before ``aclose`` returns).
+    Yields happen outside any cancel scope: the frames come from the connection's reader task
+    through this call's memory object stream.
+    """
+    try:
+        kind, payload = Kind.ASEND, serializer.dumps(None)
+        while True:
+            done, item = await call.step(kind, payload)
+            if done:
+                return
+            try:
+                sent = yield item
+            except GeneratorExit:
+                if not call.finished:
+                    # END when the remote generator closed; its RuntimeError if it yielded again.
+                    await call.step(Kind.ACLOSE)
+                raise
+            except BaseException as exc:  # athrow(): forward it into the remote generator
+                kind, payload = Kind.ATHROW, serializer.dumps_exception(exc)
+            else:
+                kind, payload = Kind.ASEND, serializer.dumps(sent)
+    finally:
+        await call.release()
+

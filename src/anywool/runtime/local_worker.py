@@ -1,0 +1,242 @@
+"""LocalWorker: spawn one worker process on this host, learn its address, stop and reap it.
+
+The child is ``python -m anywool.worker`` started with :func:`anyio.open_process`, in our working
+directory and with our ``sys.path``, so routines defined in our modules (and ``__main__``, which
+cloudpickle sends by value) run there. Its stdin is a pipe we hold open for its whole life: a
+stop request is a line on it, and if we die (even by SIGKILL) the pipe closes and the worker
+stops by itself. So a worker never outlives its parent.
+
+What this module must never do: leave a process unreaped, or a socket file behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import anyio
+from anyio.abc import Process
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from anywool.errors import WorkerError
+from anywool.metadata import WorkerMetadata
+from anywool.runtime.worker import SYS_PATH_ENV
+
+__all__ = ["LocalWorker", "current_backend"]
+
+log = logging.getLogger(__name__)
+
+# After the grace period: how long SIGTERM, then SIGKILL, get to end the process (seconds).
+_TERM_TIMEOUT = 3.0
+_KILL_TIMEOUT = 5.0
+
+
+def current_backend() -> str:
+    """The name of the AnyIO backend running the current task (``"asyncio"`` or ``"trio"``)."""
+    try:
+        import sniffio
+    except ImportError:  # pragma: no cover - sniffio comes with trio; without trio it is asyncio
+        trio = sys.modules.get("trio")
+        if trio is not None and trio.lowlevel.in_trio_run():
+            return "trio"
+        return "asyncio"
+    return sniffio.current_async_library()
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("anywool")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+class LocalWorker:
+    """A worker process on this host, alive for the duration of an ``async with`` block.
+
+    :param backend: ``"asyncio"`` or ``"trio"``, the event loop the worker runs; ``None`` picks
+        the backend of the task entering this context manager.
+    :param tags: labels published in the worker's metadata.
+    :param extra: msgpack-serialisable values published in the worker's metadata.
+    :param startup_timeout: seconds (> 0) allowed for the worker to report its address.
+    :param shutdown_timeout: seconds the worker gets to drain its in-flight calls when stopped
+        (``0``: cancel them at once); after that it gets SIGTERM, then SIGKILL.
+
+    Entering raises :class:`~anywool.errors.WorkerError` when the process does not start or
+    report its address within ``startup_timeout`` (the process is killed and reaped first), and
+    ``RuntimeError`` on a second entry. Exiting sends the stop request, waits up to
+    ``shutdown_timeout`` seconds, then SIGTERM (3 s), then SIGKILL; it always reaps the process and
+    removes the socket file, is shielded against cancellation, bounded in time, and never raises.
+    """
+
+    def __init__(
+        self,
+        *,
+        backend: str | None = None,
+        tags: Iterable[str] = (),
+        extra: Mapping[str, Any] | None = None,
+        startup_timeout: float = 30.0,
+        shutdown_timeout: float = 10.0,
+    ) -> None:
+        if backend not in (None, "asyncio", "trio"):
+            raise ValueError(f"backend must be None, 'asyncio' or 'trio', got {backend!r}")
+        if isinstance(tags, str):
+            raise TypeError(f"tags must be an iterable of str, not a str: {tags!r}")
+        for name, value in (("startup_timeout", startup_timeout), ("shutdown_timeout", shutdown_timeout)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+        if startup_timeout <= 0:
+            raise ValueError(f"startup_timeout must be > 0, got {startup_timeout}")
+        if shutdown_timeout < 0:
+            raise ValueError(f"shutdown_timeout must be >= 0, got {shutdown_timeout}")
+        self._backend = backend
+        self._tags = frozenset(tags)
+        self._extra = dict(extra or {})
+        self._startup_timeout = float(startup_timeout)
+        self._shutdown_timeout = float(shutdown_timeout)
+        self._entered = False
+        self._process: Process | None = None
+        self._metadata: WorkerMetadata | None = None
+
+    @property
+    def metadata(self) -> WorkerMetadata:
+        """The worker's metadata (uid, address, pid, version, tags, extra).
+
+        :raises RuntimeError: the worker has not started.
+        """
+        if self._metadata is None:
+            raise RuntimeError("the LocalWorker has not been entered")
+        return self._metadata
+
+    @property
+    def pid(self) -> int:
+        return self.metadata.pid
+
+    @property
+    def address(self) -> str:
+        return self.metadata.address
+
+    async def __aenter__(self) -> LocalWorker:
+        if self._entered:
+            raise RuntimeError("a LocalWorker is single-use")
+        self._entered = True
+        backend = self._backend or current_backend()
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env[SYS_PATH_ENV] = json.dumps([p for p in sys.path if isinstance(p, str)])
+        env["PYTHONPATH"] = os.pathsep.join(
+            [package_root, *filter(None, [env.get("PYTHONPATH")])]
+        )
+        command = [sys.executable, "-m", "anywool.worker", "--backend", backend]
+        try:
+            process = await anyio.open_process(
+                command, stdin=-1, stdout=-1, stderr=None, cwd=os.getcwd(), env=env
+            )
+        except OSError as exc:
+            raise WorkerError("unstarted", f"could not start {command}: {exc}") from exc
+        self._process = process
+        try:
+            address = await self._read_address(process)
+            self._metadata = WorkerMetadata(
+                uid=uuid.uuid4(),
+                address=address,
+                pid=process.pid,
+                version=_version(),
+                tags=self._tags,
+                extra=self._extra,
+            )
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._reap(grace=None)
+            raise
+        return self
+
+    async def _read_address(self, process: Process) -> str:
+        assert process.stdout is not None
+        reader = BufferedByteReceiveStream(process.stdout)
+        try:
+            with anyio.fail_after(self._startup_timeout):
+                line = await reader.receive_until(b"\n", 4096)
+        except TimeoutError:
+            raise WorkerError(
+                f"pid {process.pid}",
+                f"did not report its address within {self._startup_timeout} seconds",
+            ) from None
+        except (anyio.IncompleteRead, anyio.EndOfStream, anyio.DelimiterNotFound):
+            with anyio.move_on_after(1.0):
+                await process.wait()
+            raise WorkerError(
+                f"pid {process.pid}",
+                f"exited (code {process.returncode}) before reporting its address; see its stderr",
+            ) from None
+        address = line.decode(errors="replace").strip()
+        if not (address.startswith("unix:/") or ":" in address):
+            raise WorkerError(f"pid {process.pid}", f"reported a malformed address {address!r}")
+        return address
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._reap(grace=self._shutdown_timeout)
+            except Exception:
+                log.exception("stopping worker %s failed", self._metadata)
+
+    async def _reap(self, grace: float | None) -> None:
+        """Stop (with ``grace``; ``None``: kill at once) and reap the process; remove its socket."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        try:
+            if grace is not None and process.returncode is None:
+                await self._request_stop(process, grace)
+                with anyio.move_on_after(grace + 1.0):
+                    await process.wait()
+            for sig, timeout in ((signal.SIGTERM, _TERM_TIMEOUT), (signal.SIGKILL, _KILL_TIMEOUT)):
+                if process.returncode is not None:
+                    break
+                if grace is None and sig == signal.SIGTERM:
+                    continue
+                try:
+                    process.send_signal(sig)
+                except ProcessLookupError:
+                    pass
+                with anyio.move_on_after(timeout):
+                    await process.wait()
+            if process.returncode is None:
+                log.error("worker pid %s survived SIGKILL for %s seconds", process.pid, _KILL_TIMEOUT)
+        finally:
+            with anyio.move_on_after(1.0):
+                await process.aclose()
+            self._remove_socket()
+
+    async def _request_stop(self, process: Process, grace: float) -> None:
+        if process.stdin is None:
+            return
+        try:
+            with anyio.move_on_after(1.0):
+                await process.stdin.send(f"stop {grace!r}\n".encode())
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass  # already exiting
+
+    def _remove_socket(self) -> None:
+        # A worker that was killed could not remove its socket; the path is ours to clean.
+        if self._metadata is not None and self._metadata.address.startswith("unix:"):
+            path = Path(self._metadata.address[len("unix:") :])
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("could not remove worker socket %s: %s", path, exc)

@@ -1,0 +1,135 @@
+"""``@routine``: mark an async function or async generator function as runnable on workers.
+
+A routine called while a :class:`~anywool.WorkerPool` or :class:`~anywool.WorkerProxy` is active
+in the current context is dispatched to a worker through that proxy; called with none active it
+raises :class:`RuntimeError`. The active proxy lives in a :class:`contextvars.ContextVar` that the
+proxy sets on entry and resets on exit, so tasks started inside the ``async with`` block inherit
+it and nothing outside sees it.
+
+The decorated function keeps its name, module and qualified name (``functools.wraps``), so it
+pickles by reference like any module-level function. The worker receives the *decorated*
+function and runs its :attr:`__wrapped__` body directly; the decorated function itself is never
+called on the worker, which is why calling a routine from inside a routine (with no proxy active
+on the worker) raises the same :class:`RuntimeError` as anywhere else.
+
+This module holds no event loop state besides the context variable.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
+from typing import Any, ParamSpec, Protocol, TypeVar, overload
+
+__all__ = ["RoutineDispatcher", "active_dispatcher", "is_routine", "routine", "routine_body"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+Y = TypeVar("Y")
+S = TypeVar("S")
+
+_MARKER = "__anywool_routine__"
+
+
+class RoutineDispatcher(Protocol):
+    """What ``@routine`` needs from the active proxy."""
+
+    async def dispatch(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        ...
+
+    def stream(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> AsyncGenerator[Any, Any]:
+        ...
+
+
+_active: contextvars.ContextVar[RoutineDispatcher | None] = contextvars.ContextVar(
+    "anywool_active_proxy", default=None
+)
+
+
+def active_dispatcher() -> RoutineDispatcher:
+    """The proxy routines dispatch through in the current context.
+
+    :raises RuntimeError: no pool or proxy is active here.
+    """
+    proxy = _active.get()
+    if proxy is None:
+        raise RuntimeError(
+            "cannot dispatch a routine: no WorkerPool or WorkerProxy is active in this context; "
+            "call it inside `async with anywool.WorkerPool(...)` (or a WorkerProxy)"
+        )
+    return proxy
+
+
+def set_active(proxy: RoutineDispatcher | None) -> contextvars.Token[RoutineDispatcher | None]:
+    """Make ``proxy`` the active dispatcher; reset with the returned token (same context)."""
+    return _active.set(proxy)
+
+
+def reset_active(token: contextvars.Token[RoutineDispatcher | None]) -> None:
+    _active.reset(token)
+
+
+@overload
+def routine(fn: Callable[P, AsyncGenerator[Y, S]]) -> Callable[P, AsyncGenerator[Y, S]]: ...
+
+
+@overload
+def routine(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]: ...
+
+
+def routine(fn: Callable[P, Any]) -> Callable[P, Any]:
+    """Decorate an ``async def`` or async generator function so that calls run on a worker.
+
+    A coroutine routine, awaited, returns the worker's return value or raises the exception the
+    routine raised (type, message and traceback preserved; see :mod:`anywool.runtime.serializer`).
+    An async generator routine returns an async generator whose ``__anext__``, ``asend``,
+    ``athrow`` and ``aclose`` each drive the remote generator by one step.
+
+    Arguments and return values must be picklable by cloudpickle; the function itself must be
+    importable on the worker by module and qualified name (or live in ``__main__``).
+
+    :param fn: an ``async def`` function or async generator function.
+    :raises TypeError: ``fn`` is neither.
+
+    The decorated function raises :class:`RuntimeError` when called with no pool or proxy active
+    (a coroutine routine when awaited, an async generator routine when called). Cancelling the
+    caller's await cancels the routine on the worker and waits (bounded) until the routine has
+    finished unwinding, so its ``finally`` blocks have run when the cancellation reaches the
+    caller. A routine cancelled on the worker by anything else (e.g. the worker stopping) raises
+    :class:`~anywool.errors.RoutineCancelled` in the caller.
+    """
+    if inspect.isasyncgenfunction(fn):
+
+        @functools.wraps(fn)
+        def stream_wrapper(*args: P.args, **kwargs: P.kwargs) -> AsyncIterator[Any]:
+            return active_dispatcher().stream(stream_wrapper, args, kwargs)
+
+        setattr(stream_wrapper, _MARKER, True)
+        return stream_wrapper
+
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def call_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+            return await active_dispatcher().dispatch(call_wrapper, args, kwargs)
+
+        setattr(call_wrapper, _MARKER, True)
+        return call_wrapper
+
+    raise TypeError(
+        f"@routine needs an async def function or async generator function, got {fn!r}"
+    )
+
+
+def is_routine(fn: object) -> bool:
+    """Whether ``fn`` was produced by :func:`routine`."""
+    return bool(getattr(fn, _MARKER, False))
+
+
+def routine_body(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The function a worker runs for ``fn``: the undecorated body of a routine, else ``fn``."""
+    return fn.__wrapped__ if is_routine(fn) else fn  # type: ignore[attr-defined]

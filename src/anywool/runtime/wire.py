@@ -1,0 +1,178 @@
+"""Frames: the unit of the worker protocol, and their codec over AnyIO byte streams.
+
+A frame on the wire is a 4-byte big-endian body length followed by the body, a msgpack array
+``[kind, call_id, payload]`` (``payload`` is opaque bytes, usually cloudpickle). The length is
+checked against ``max_frame_size`` before any of the body is read, so a corrupt or hostile
+length never makes us allocate gigabytes.
+
+Per call the worker answers ``Ack? (Result* (Exception | End)) | Nack``:
+
+* ``CALL`` (client → worker) carries ``(routine, args, kwargs)``;
+* ``ACK`` says the worker accepted it, ``NACK`` that it refused it (it is stopping);
+* a coroutine answers one ``RESULT`` then ``END``;
+* an async generator answers one frame per step the client drives with ``ASEND``, ``ATHROW``
+  or ``ACLOSE``: ``RESULT`` (a yielded item), ``END`` (exhausted or closed) or ``EXCEPTION``;
+* ``CANCEL`` (client → worker) cancels the routine; the worker still ends the call with
+  ``EXCEPTION`` (a :class:`~anywool.errors.RoutineCancelled`), ``END`` or, when it had already
+  finished, whatever it had sent.
+
+This module does framing only; it knows nothing of routines or pickles.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+import anyio
+import msgpack
+from anyio.abc import ByteReceiveStream, ByteSendStream
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from anywool.errors import WoolError
+
+__all__ = ["DEFAULT_MAX_FRAME_SIZE", "Frame", "FrameError", "FrameStream", "Kind"]
+
+DEFAULT_MAX_FRAME_SIZE = 64 * 1024 * 1024  # bytes
+
+_HEADER = struct.Struct(">I")
+
+
+class Kind(enum.IntEnum):
+    """What a frame means; see the module docstring for the sequence per call."""
+
+    CALL = 1
+    ACK = 2
+    NACK = 3
+    RESULT = 4
+    EXCEPTION = 5
+    END = 6
+    CANCEL = 7
+    ASEND = 8
+    ATHROW = 9
+    ACLOSE = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One protocol message.
+
+    :param kind: the frame kind.
+    :param call_id: the call it belongs to, an unsigned 64-bit integer chosen by the client.
+    :param payload: opaque bytes (empty when the kind carries nothing).
+    """
+
+    kind: Kind
+    call_id: int
+    payload: bytes = b""
+
+
+class FrameError(WoolError):
+    """The byte stream does not carry well-formed frames (truncated, oversized or garbled).
+
+    :param reason: what was wrong, in words.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"malformed frame stream: {self.reason}"
+
+
+def encode(frame: Frame, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
+    """The wire bytes of ``frame`` (header included).
+
+    :raises FrameError: the body would exceed ``max_frame_size`` bytes.
+    """
+    body = msgpack.packb([int(frame.kind), frame.call_id, frame.payload], use_bin_type=True)
+    if len(body) > max_frame_size:
+        raise FrameError(
+            f"a {frame.kind.name} frame of {len(body)} bytes exceeds the maximum of "
+            f"{max_frame_size} bytes"
+        )
+    return _HEADER.pack(len(body)) + body
+
+
+def decode_body(body: bytes) -> Frame:
+    """Parse a frame body (without its length header).
+
+    :raises FrameError: the body is not ``[kind, call_id, payload]`` with a known kind.
+    """
+    try:
+        kind, call_id, payload = msgpack.unpackb(body, raw=False)
+        return Frame(Kind(kind), int(call_id), bytes(payload))
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise FrameError(f"undecodable frame body ({exc})") from None
+
+
+class FrameStream:
+    """Frames over a byte stream; safe for many concurrent senders and one receiver.
+
+    :param send_stream: where frames are written (usually the same object as ``receive_stream``).
+    :param receive_stream: where frames are read.
+    :param max_frame_size: largest accepted body, in bytes (≥ 1), in both directions.
+    """
+
+    def __init__(
+        self,
+        send_stream: ByteSendStream,
+        receive_stream: ByteReceiveStream,
+        *,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    ) -> None:
+        if isinstance(max_frame_size, bool) or not isinstance(max_frame_size, int):
+            raise TypeError(f"max_frame_size must be an int, got {max_frame_size!r}")
+        if max_frame_size < 1:
+            raise ValueError(f"max_frame_size must be at least 1, got {max_frame_size}")
+        self._send_stream = send_stream
+        self._receive = BufferedByteReceiveStream(receive_stream)
+        self._max = max_frame_size
+        self._send_lock = anyio.Lock()
+
+    @property
+    def max_frame_size(self) -> int:
+        return self._max
+
+    async def send(self, frame: Frame) -> None:
+        """Write one frame atomically with respect to other senders.
+
+        :raises FrameError: the frame is too large; nothing was written.
+        :raises anyio.BrokenResourceError: the peer is gone.
+        :raises anyio.ClosedResourceError: the stream was closed locally.
+
+        Cancellation: a cancelled send may have written part of a frame, which breaks the
+        stream; callers treat the stream as unusable after a cancelled send.
+        """
+        data = encode(frame, self._max)
+        async with self._send_lock:
+            await self._send_stream.send(data)
+
+    async def receive(self) -> Frame:
+        """Read the next frame.
+
+        :raises anyio.EndOfStream: the peer closed the stream cleanly between frames.
+        :raises FrameError: the stream ended inside a frame, announced a body larger than
+            ``max_frame_size`` (checked before reading the body), or the body is garbled.
+        :raises anyio.BrokenResourceError: the connection failed.
+        """
+        try:
+            header = await self._receive.receive_exactly(_HEADER.size)
+        except anyio.IncompleteRead:
+            if self._receive.buffer:
+                raise FrameError("the stream ended inside a frame header") from None
+            raise anyio.EndOfStream from None
+        (length,) = _HEADER.unpack(header)
+        if length > self._max:
+            raise FrameError(
+                f"announced frame body of {length} bytes exceeds the maximum of {self._max} bytes"
+            )
+        try:
+            body = await self._receive.receive_exactly(length)
+        except anyio.IncompleteRead:
+            raise FrameError(
+                f"the stream ended inside a frame body ({length} bytes announced)"
+            ) from None
+        return decode_body(body)

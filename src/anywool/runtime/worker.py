@@ -1,0 +1,388 @@
+"""The worker process: ``python -m anywool.worker --backend asyncio|trio [--address ADDR]``.
+
+It runs its own event loop on the requested backend, listens on a Unix socket inside the runtime
+directory (``0600`` socket in a ``0700`` directory: only the same user can dispatch) or on TCP
+when given ``--address host:port``, and prints its address as one line on stdout. Everything it
+prints afterwards (including routines' ``print``) goes to stderr, so the pipe its parent reads
+can never fill up and block it.
+
+Calls run concurrently, each in its own task in the task group of the connection that carried it;
+a connection that closes cancels its calls. The worker stops:
+
+* on a stop request, a line ``stop <grace>`` on stdin: ``grace`` seconds to drain in-flight calls
+  (new ones are refused with ``NACK``), ``0`` to cancel them now, negative to drain for as long
+  as they take;
+* at EOF on stdin (its parent closed the pipe or died, even by SIGKILL): cancels now;
+* on SIGTERM: cancels now; on SIGINT: drains forever.
+
+A routine cancelled by the stop (or by a client's cancel frame) still answers its call, with
+:class:`~anywool.errors.RoutineCancelled`. The socket file is removed at exit.
+
+The parent passes its ``sys.path`` in ``$ANYWOOL_WORKER_SYS_PATH`` (JSON list) and its working
+directory as ours, so that routines defined in its modules import here by reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import ByteStream, Listener, TaskGroup
+from anyio.streams.memory import MemoryObjectSendStream
+
+from anywool._runtime_dir import runtime_dir
+from anywool.errors import RoutineCancelled
+from anywool.runtime import serializer
+from anywool.runtime.routine import routine_body
+from anywool.runtime.wire import Frame, FrameError, FrameStream, Kind
+
+__all__ = ["SYS_PATH_ENV", "main", "unix_socket_path"]
+
+log = logging.getLogger("anywool.worker")
+
+SYS_PATH_ENV = "ANYWOOL_WORKER_SYS_PATH"
+
+# sun_path is 108 bytes on Linux (104 on the BSDs), one of which is the terminating NUL.
+_SUN_PATH_MAX = 103 if sys.platform == "darwin" or "bsd" in sys.platform else 107
+
+# How long a cancelled call may take to tell its client it was cancelled.
+_REPLY_TIMEOUT = 1.0
+
+
+def unix_socket_path() -> tuple[Path, Path | None]:
+    """A fresh socket path for this worker and the private directory to remove with it, if any.
+
+    The socket goes into :func:`~anywool._runtime_dir.runtime_dir` as ``w-<8 hex>.sock``; when
+    that path would not fit ``sun_path``, into a new ``0700`` directory under the system temporary
+    directory.
+
+    :raises OSError: no short enough location exists (the path is never truncated).
+    """
+    name = f"w-{uuid.uuid4().hex[:8]}.sock"
+    path = runtime_dir() / name
+    if len(os.fsencode(path)) <= _SUN_PATH_MAX:
+        return path, None
+    private = Path(tempfile.mkdtemp(prefix="aw-"))  # created 0700
+    path = private / name
+    if len(os.fsencode(path)) <= _SUN_PATH_MAX:
+        return path, private
+    private.rmdir()
+    raise OSError(
+        f"no Unix socket path short enough for this worker: {path} is longer than "
+        f"{_SUN_PATH_MAX} bytes; set ANYWOOL_RUNTIME_DIR or TMPDIR to a shorter directory"
+    )
+
+
+class _Stop:
+    """The worker-wide stop state: draining flag, in-flight count, requested grace."""
+
+    def __init__(self) -> None:
+        self.requested = anyio.Event()
+        self.grace: float | None = None
+        self.draining = False
+        self.in_flight = 0
+        self._changed = anyio.Event()
+        self._drain_scope: anyio.CancelScope | None = None
+
+    def request(self, grace: float) -> None:
+        if self.grace is None:
+            self.grace = grace
+            self.requested.set()
+        elif grace == 0 and self.grace != 0:
+            self.grace = 0  # escalation: stop draining, cancel now
+            if self._drain_scope is not None:
+                self._drain_scope.cancel()
+
+    def started(self) -> None:
+        self.in_flight += 1
+
+    def finished(self) -> None:
+        self.in_flight -= 1
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def drain(self) -> None:
+        """Wait until no call is in flight, for at most ``grace`` seconds (< 0: no bound)."""
+        assert self.grace is not None
+        if self.grace == 0:
+            return
+        timeout = math.inf if self.grace < 0 else self.grace
+        with anyio.CancelScope() as scope, anyio.move_on_after(timeout):
+            self._drain_scope = scope
+            while self.in_flight:
+                await self._changed.wait()
+        self._drain_scope = None
+
+
+class _ServerCall:
+    def __init__(self, call_id: int) -> None:
+        self.id = call_id
+        self.scope = anyio.CancelScope()
+        self.inbox_send, self.inbox = anyio.create_memory_object_stream[Frame](math.inf)
+        self.name = "<routine>"
+
+
+class _Worker:
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.stop = _Stop()
+
+    # -- connections ---------------------------------------------------------------------------
+
+    async def handle(self, stream: ByteStream) -> None:
+        frames = FrameStream(stream, stream)
+        calls: dict[int, _ServerCall] = {}
+        async with stream, anyio.create_task_group() as tg:
+            try:
+                while True:
+                    frame = await frames.receive()
+                    self._route(frame, frames, calls, tg)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+            except (FrameError, OSError) as exc:
+                log.warning("dropping a connection: %s", exc)
+            except Exception:
+                log.exception("dropping a connection after an unexpected error")
+            tg.cancel_scope.cancel()  # the client is gone: cancel its calls
+
+    def _route(
+        self, frame: Frame, frames: FrameStream, calls: dict[int, _ServerCall], tg: TaskGroup
+    ) -> None:
+        if frame.kind == Kind.CALL:
+            if self.stop.draining or frame.call_id in calls:
+                tg.start_soon(frames.send, Frame(Kind.NACK, frame.call_id))
+                return
+            call = _ServerCall(frame.call_id)
+            calls[call.id] = call
+            self.stop.started()
+            tg.start_soon(self._run, frames, call, frame.payload, calls)
+            return
+        call = calls.get(frame.call_id)
+        if call is None:
+            return  # late frame for a call that ended
+        if frame.kind == Kind.CANCEL:
+            call.scope.cancel()
+        elif frame.kind in (Kind.ASEND, Kind.ATHROW, Kind.ACLOSE):
+            call.inbox_send.send_nowait(frame)
+
+    # -- calls ---------------------------------------------------------------------------------
+
+    async def _run(
+        self, frames: FrameStream, call: _ServerCall, payload: bytes, calls: dict[int, _ServerCall]
+    ) -> None:
+        try:
+            await self._execute(frames, call, payload)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass  # the client is gone; its connection handler cancels the rest
+        except anyio.get_cancelled_exc_class():
+            # The worker is stopping or the connection closed: tell the client, then unwind.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_REPLY_TIMEOUT):
+                await self._reply_cancelled(frames, call)
+            raise
+        finally:
+            calls.pop(call.id, None)
+            call.inbox_send.close()
+            self.stop.finished()
+
+    async def _execute(self, frames: FrameStream, call: _ServerCall, payload: bytes) -> None:
+        with call.scope:
+            try:
+                fn, args, kwargs = serializer.loads(payload)
+                call.name = getattr(fn, "__qualname__", repr(fn))
+                body = routine_body(fn)
+            except Exception as exc:
+                await self._reply_exception(frames, call, exc)
+                return
+            await frames.send(Frame(Kind.ACK, call.id))
+            if inspect.isasyncgenfunction(body):
+                await self._run_generator(frames, call, body, args, kwargs)
+            else:
+                await self._run_coroutine(frames, call, body, args, kwargs)
+        if call.scope.cancelled_caught:
+            await self._reply_cancelled(frames, call)
+
+    async def _run_coroutine(
+        self,
+        frames: FrameStream,
+        call: _ServerCall,
+        body: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        try:
+            value = await body(*args, **kwargs)
+        except anyio.get_cancelled_exc_class():
+            raise
+        except BaseException as exc:
+            await self._reply_exception(frames, call, exc)
+            return
+        await self._reply_value(frames, call, value)
+        await frames.send(Frame(Kind.END, call.id))
+
+    async def _run_generator(
+        self,
+        frames: FrameStream,
+        call: _ServerCall,
+        body: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        agen = body(*args, **kwargs)
+        try:
+            async for step in call.inbox:
+                try:
+                    if step.kind == Kind.ASEND:
+                        item = await agen.asend(serializer.loads(step.payload))
+                    elif step.kind == Kind.ATHROW:
+                        item = await agen.athrow(serializer.loads_exception(step.payload))
+                    else:
+                        await agen.aclose()
+                        await frames.send(Frame(Kind.END, call.id))
+                        return
+                except StopAsyncIteration:
+                    await frames.send(Frame(Kind.END, call.id))
+                    return
+                except anyio.get_cancelled_exc_class():
+                    raise
+                except BaseException as exc:
+                    await self._reply_exception(frames, call, exc)
+                    return
+                if not await self._reply_value(frames, call, item):
+                    return
+        finally:
+            # Cancelled between steps, or the client vanished: run the generator's finally now.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_REPLY_TIMEOUT * 5):
+                try:
+                    await agen.aclose()
+                except Exception:
+                    log.exception("closing async generator %s failed", call.name)
+
+    # -- replies -------------------------------------------------------------------------------
+
+    async def _reply_value(self, frames: FrameStream, call: _ServerCall, value: object) -> bool:
+        try:
+            await frames.send(Frame(Kind.RESULT, call.id, serializer.dumps(value)))
+            return True
+        except FrameError as exc:
+            error: Exception = exc
+        except Exception as exc:
+            error = TypeError(f"the value produced by {call.name} cannot be pickled: {exc}")
+            error.__cause__ = exc
+        await self._reply_exception(frames, call, error)
+        return False
+
+    async def _reply_exception(self, frames: FrameStream, call: _ServerCall, exc: BaseException) -> None:
+        payload = serializer.dumps_exception(exc)
+        try:
+            await frames.send(Frame(Kind.EXCEPTION, call.id, payload))
+        except FrameError:
+            replacement = RuntimeError(f"{type(exc).__name__}: {str(exc)[:1000]} (too large to send)")
+            await frames.send(Frame(Kind.EXCEPTION, call.id, serializer.dumps_exception(replacement)))
+
+    async def _reply_cancelled(self, frames: FrameStream, call: _ServerCall) -> None:
+        try:
+            await self._reply_exception(frames, call, RoutineCancelled(call.name, self.address))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass  # the client is gone; nobody to tell
+
+    # -- control -------------------------------------------------------------------------------
+
+    async def watch_stdin(self) -> None:
+        buffer = b""
+        while True:
+            await anyio.wait_readable(sys.stdin.fileno())
+            chunk = os.read(sys.stdin.fileno(), 4096)
+            if not chunk:
+                self.stop.request(0)
+                return
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                words = line.decode(errors="replace").split()
+                if len(words) == 2 and words[0] == "stop":
+                    try:
+                        self.stop.request(float(words[1]))
+                    except ValueError:
+                        log.warning("ignoring malformed control line %r", line)
+                elif words:
+                    log.warning("ignoring unknown control line %r", line)
+
+    async def watch_signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                self.stop.request(0 if signum == signal.SIGTERM else -1)
+
+
+async def _open_listener(address: str | None) -> tuple[Listener[Any], str, Path | None, Path | None]:
+    if address is None or address.startswith("unix:"):
+        if address is None:
+            path, private = unix_socket_path()
+        else:
+            path, private = Path(address[len("unix:") :]), None
+        listener = await anyio.create_unix_listener(path, mode=0o600)
+        return listener, f"unix:{path}", path, private
+    host, _, port = address.rpartition(":")
+    tcp = await anyio.create_tcp_listener(local_host=host.strip("[]"), local_port=int(port))
+    bound_host, bound_port = tcp.extra(anyio.abc.SocketAttribute.local_address)[:2]
+    return tcp, f"{bound_host}:{bound_port}", None, None
+
+
+async def serve(address: str | None = None) -> None:
+    """Listen, announce the address on stdout, serve until stopped, clean up."""
+    listener, announced, path, private = await _open_listener(address)
+    worker = _Worker(announced)
+    try:
+        async with anyio.create_task_group() as main_tg:
+            main_tg.start_soon(worker.watch_stdin)
+            main_tg.start_soon(worker.watch_signals)
+            async with anyio.create_task_group() as serving:
+                serving.start_soon(listener.serve, worker.handle)
+                sys.stdout.write(announced + "\n")
+                sys.stdout.flush()
+                os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # later output → stderr
+                await worker.stop.requested.wait()
+                worker.stop.draining = True
+                await worker.stop.drain()
+                serving.cancel_scope.cancel()
+            main_tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await listener.aclose()
+        if path is not None:
+            path.unlink(missing_ok=True)
+        if private is not None:
+            private.rmdir()
+
+
+def _apply_parent_environment() -> None:
+    paths = os.environ.pop(SYS_PATH_ENV, None)
+    if paths:
+        parent = [p for p in json.loads(paths) if isinstance(p, str)]
+        sys.path[:] = parent + [p for p in sys.path if p not in parent]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``python -m anywool.worker``."""
+    parser = argparse.ArgumentParser(prog="python -m anywool.worker")
+    parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    parser.add_argument(
+        "--address", default=None, help="unix:/path or host:port (default: a socket in the runtime dir)"
+    )
+    options = parser.parse_args(argv)
+    _apply_parent_environment()
+    logging.basicConfig(level=logging.WARNING, format="anywool.worker[%(process)d] %(message)s")
+    # Default SIGINT handling would raise KeyboardInterrupt; we want "drain" instead.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    anyio.run(serve, options.address, backend=options.backend)
