@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
@@ -334,14 +334,18 @@ class _Call:
         raise self.remote_exception(frame)
 
 
-async def drive_stream(call: _Call) -> AsyncGenerator[Any, Any]:
-    """An async generator mirroring the remote generator of ``call`` one step per frame.
+async def drive_stream(open_call: Callable[[], Awaitable[_Call]]) -> AsyncGenerator[Any, Any]:
+    """An async generator mirroring a remote generator one step per frame.
+
+    ``open_call`` starts the remote call (e.g. :meth:`WorkerConnection.stream` through a load
+    balancer); it is awaited at the first step, so nothing is dispatched until then.
 
     ``asend(v)`` sends ``v`` to the remote generator; ``athrow(exc)`` throws ``exc`` into it;
     ``aclose()`` closes it (its ``finally`` blocks run on the worker before ``aclose`` returns).
     Yields happen outside any cancel scope: the frames come from the connection's reader task
     through this call's memory object stream.
     """
+    call = await open_call()
     try:
         kind, payload = Kind.ASEND, serializer.dumps(None)
         while True:

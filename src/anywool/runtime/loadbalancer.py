@@ -1,0 +1,78 @@
+"""Load balancers: which admitted worker takes the next call.
+
+A balancer only chooses and retries; it never opens connections (the proxy owns them) and never
+retries a call a worker may have started: only :class:`~anywool.runtime.connection.CallNotDelivered`
+moves a call to the next worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol, TypeVar, runtime_checkable
+
+from anywool.errors import NoWorkersAvailable
+from anywool.metadata import WorkerMetadata
+from anywool.runtime.connection import CallNotDelivered, WorkerConnection
+
+__all__ = ["LoadBalancerLike", "RoundRobinLoadBalancer"]
+
+T = TypeVar("T")
+
+
+@runtime_checkable
+class LoadBalancerLike(Protocol):
+    """Chooses a worker for each call."""
+
+    async def dispatch(
+        self,
+        workers: Sequence[tuple[WorkerMetadata, WorkerConnection]],
+        send: Callable[[WorkerConnection], Awaitable[T]],
+    ) -> T:
+        """Run ``send`` on the connection of one of ``workers`` and return its result.
+
+        :param workers: the admitted workers with an open connection, in admission order.
+        :param send: delivers the call over a connection; raises
+            :class:`~anywool.runtime.connection.CallNotDelivered` when that worker did not take it.
+        :raises NoWorkersAvailable: no worker took the call.
+        """
+        ...
+
+
+class RoundRobinLoadBalancer:
+    """Hands calls to the workers in turn, skipping broken connections and refusing workers.
+
+    A worker that refuses a call (it is stopping) or whose connection is broken is skipped and the
+    next one tried, each worker at most once per call. Exceptions other than
+    :class:`~anywool.runtime.connection.CallNotDelivered` (the routine's own, a connection lost
+    mid-call, cancellation) propagate unchanged.
+    """
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    async def dispatch(
+        self,
+        workers: Sequence[tuple[WorkerMetadata, WorkerConnection]],
+        send: Callable[[WorkerConnection], Awaitable[T]],
+    ) -> T:
+        """See :meth:`LoadBalancerLike.dispatch`.
+
+        :raises NoWorkersAvailable: ``workers`` is empty, or every worker refused the call or had a
+            broken connection (the message names the last failure).
+        """
+        count = len(workers)
+        if count == 0:
+            raise NoWorkersAvailable("no admitted worker is connected")
+        start = self._next % count
+        self._next = start + 1
+        last: CallNotDelivered | None = None
+        for offset in range(count):
+            _, connection = workers[(start + offset) % count]
+            if connection.broken:
+                continue
+            try:
+                return await send(connection)
+            except CallNotDelivered as exc:
+                last = exc
+        reason = f"all {count} workers refused the call or were disconnected"
+        raise NoWorkersAvailable(reason if last is None else f"{reason} (last: {last})")
