@@ -195,7 +195,7 @@ class LocalDiscovery(Discovery):
         try:
             self._task_group = anyio.create_task_group()
             await self._task_group.__aenter__()
-            self._task_group.start_soon(self._reap_forever, name="anywool-local-reaper")
+            self._task_group.start_soon(self._reap_forever, claim, name="anywool-local-reaper")
         except BaseException:
             self._task_group = None
             with anyio.CancelScope(shield=True):
@@ -227,9 +227,7 @@ class LocalDiscovery(Discovery):
                         log.exception("failed to remove discovery namespace %r", self._namespace)
         return None
 
-    async def _reap_forever(self) -> None:
-        claim = self._claim
-        assert claim is not None
+    async def _reap_forever(self, claim: registry.Claim) -> None:
         while True:
             await anyio.sleep(self._reap_interval)
             try:

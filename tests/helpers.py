@@ -1,0 +1,48 @@
+"""Test helpers shared by the unit and integration suites."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator
+
+import anyio
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from anywool.discovery.protocols import DiscoveryEvent, DiscoverySubscriberLike
+from anywool.metadata import WorkerMetadata
+
+
+def worker(address: str = "unix:/tmp/none.sock", **fields: object) -> WorkerMetadata:
+    """A WorkerMetadata with a fresh uid (fields may override anything)."""
+    values: dict[str, object] = {
+        "uid": uuid.uuid4(),
+        "address": address,
+        "pid": os.getpid(),
+        "version": "test",
+    }
+    values.update(fields)
+    return WorkerMetadata(**values)  # type: ignore[arg-type]
+
+
+async def follow(tg: TaskGroup, subscriber: DiscoverySubscriberLike) -> MemoryObjectReceiveStream[DiscoveryEvent]:
+    """Iterate ``subscriber`` in a task of ``tg``, forwarding events (and any error) to a stream."""
+    send, receive = anyio.create_memory_object_stream[DiscoveryEvent](1000)
+
+    async def run() -> None:
+        async with send:
+            async for event in subscriber:
+                await send.send(event)
+
+    tg.start_soon(run)
+    return receive
+
+
+async def take(stream: MemoryObjectReceiveStream[DiscoveryEvent], count: int) -> list[tuple[str, uuid.UUID]]:
+    return [(e.type, e.metadata.uid) for e in [await stream.receive() for _ in range(count)]]
+
+
+async def events_of(subscriber: DiscoverySubscriberLike) -> AsyncIterator[DiscoveryEvent]:
+    async for event in subscriber:
+        yield event

@@ -1,0 +1,385 @@
+"""LocalDiscovery in one process: roles, registry semantics, subscriptions, hygiene."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import anyio
+import cloudpickle
+import pytest
+
+from anywool import (
+    DiscoveryBlockExhausted,
+    DiscoveryCapacityExhausted,
+    DiscoveryNamespaceInUse,
+    DiscoveryNamespaceNotFound,
+    DiscoverySubscriberLike,
+    DiscoveryWorkerNotFound,
+    LocalDiscovery,
+    WorkerMetadata,
+)
+from anywool.discovery import hub, registry
+
+from ..helpers import follow, take, worker
+
+pytestmark = pytest.mark.anyio
+
+
+# -- ownership --------------------------------------------------------------------------------
+
+
+async def test_entry_claims_and_exit_removes_everything(namespace, runtime_dir: Path):
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace) as discovery:
+            assert discovery.path is not None
+            assert sorted(os.listdir(discovery.path)) == ["notify", "registry"]
+            assert Path(discovery.path).parent == runtime_dir
+        assert os.listdir(runtime_dir) == []
+
+
+async def test_second_claim_is_rejected_and_owner_stays_intact(namespace):
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace) as owner:
+            async with owner.publisher as publisher:
+                await publisher.publish("worker-added", worker())
+            with pytest.raises(DiscoveryNamespaceInUse) as info:
+                async with LocalDiscovery(namespace):
+                    pass
+            assert info.value.namespace == namespace
+            assert info.value.path == owner.path
+            assert info.value.owner_pid == os.getpid()
+            # The owner's registry still serves borrowers.
+            async with owner.publisher as publisher:
+                await publisher.publish("worker-added", worker())
+
+
+@pytest.mark.parametrize("first_outcome", ["rejected", "exited"])
+async def test_instance_is_single_use(namespace, first_outcome):
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace):
+            instance = LocalDiscovery(namespace)
+            if first_outcome == "rejected":
+                with pytest.raises(DiscoveryNamespaceInUse):
+                    async with instance:
+                        pass
+        if first_outcome == "exited":
+            async with instance:
+                pass
+        with pytest.raises(RuntimeError, match="single-use"):
+            async with instance:
+                pass
+
+
+async def test_successor_claims_after_owner_exits(namespace):
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace):
+            pass
+        async with LocalDiscovery(namespace) as successor:
+            assert successor.path is not None
+
+
+async def test_fresh_namespace_when_none_given():
+    with anyio.fail_after(10):
+        async with LocalDiscovery() as a, LocalDiscovery() as b:
+            assert a.namespace != b.namespace
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", ".", "x" * 10_000, "naïve ☃", "nul\0byte", "/"])
+async def test_any_namespace_string_works(name, runtime_dir: Path):
+    with anyio.fail_after(10):
+        async with LocalDiscovery(name) as discovery:
+            assert Path(discovery.path).parent == runtime_dir
+            async with LocalDiscovery.Publisher(name) as publisher:
+                await publisher.publish("worker-added", worker())
+
+
+# -- borrowers --------------------------------------------------------------------------------
+
+
+async def test_publisher_on_missing_namespace_raises_and_creates_nothing(namespace, runtime_dir):
+    with anyio.fail_after(10):
+        with pytest.raises(DiscoveryNamespaceNotFound) as info:
+            async with LocalDiscovery.Publisher(namespace):
+                pass
+    assert info.value.namespace == namespace
+    assert os.listdir(runtime_dir) == []
+
+
+async def test_subscriber_on_missing_namespace_raises_and_creates_nothing(namespace, runtime_dir):
+    with anyio.fail_after(10):
+        with pytest.raises(DiscoveryNamespaceNotFound):
+            async for _ in LocalDiscovery.Subscriber(namespace):
+                pass
+    assert os.listdir(runtime_dir) == []
+    assert hub.stats() == {}
+
+
+async def test_borrowers_work_without_entering_the_owner_instance(namespace):
+    # publisher/subscriber are borrowers whether or not their instance is entered.
+    with anyio.fail_after(10):
+        unentered = LocalDiscovery(namespace)
+        with pytest.raises(DiscoveryNamespaceNotFound):
+            async with unentered.publisher:
+                pass
+        async with LocalDiscovery(namespace):
+            async with unentered.publisher as publisher:
+                await publisher.publish("worker-added", worker())
+
+
+@pytest.mark.parametrize("borrower", [LocalDiscovery.Publisher, LocalDiscovery.Subscriber])
+@pytest.mark.parametrize("keyword", ["capacity", "block_size"])
+def test_borrowers_cannot_declare_capacity(borrower, keyword):
+    with pytest.raises(TypeError, match=keyword):
+        borrower("jobs", **{keyword: 4})
+
+
+async def test_orphaned_publisher_raises_then_rebinds_to_successor(namespace):
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace):
+            publisher = LocalDiscovery.Publisher(namespace)
+            await publisher.__aenter__()
+        try:
+            with pytest.raises(DiscoveryNamespaceNotFound):
+                await publisher.publish("worker-added", worker())
+            async with LocalDiscovery(namespace) as successor:
+                async with anyio.create_task_group() as tg:
+                    new = worker()
+                    await publisher.publish("worker-added", new)
+                    events = await follow(tg, successor.subscriber)
+                    assert await take(events, 1) == [("worker-added", new.uid)]
+                    tg.cancel_scope.cancel()
+        finally:
+            await publisher.__aexit__(None, None, None)
+
+
+async def test_publish_requires_an_entered_publisher(namespace):
+    async with LocalDiscovery(namespace):
+        with pytest.raises(RuntimeError, match="entered"):
+            await LocalDiscovery.Publisher(namespace).publish("worker-added", worker())
+
+
+# -- registry semantics -----------------------------------------------------------------------
+
+
+async def test_subscriber_sees_changes_in_order(namespace):
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace) as discovery, discovery.publisher as publisher:
+            first = worker()
+            await publisher.publish("worker-added", first)
+            async with anyio.create_task_group() as tg:
+                events = await follow(tg, discovery.subscriber)
+                assert await take(events, 1) == [("worker-added", first.uid)]
+                second = worker()
+                # Changes between two scans are reported as their net effect, so each change
+                # is observed before the next one is made.
+                steps = [
+                    ("worker-added", second),
+                    ("worker-updated", worker(uid=first.uid, pid=1)),
+                    ("worker-dropped", second),
+                    ("worker-dropped", first),
+                ]
+                for kind, metadata in steps:
+                    await publisher.publish(kind, metadata)
+                    event = await events.receive()
+                    assert (event.type, event.metadata.uid) == (kind, metadata.uid)
+                    if kind != "worker-dropped":
+                        assert event.metadata.same_as(metadata)
+                tg.cancel_scope.cancel()
+
+
+async def test_changes_between_scans_arrive_as_net_effect_in_write_order(namespace):
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace) as discovery, discovery.publisher as publisher:
+            first = worker()
+            await publisher.publish("worker-added", first)
+            async with anyio.create_task_group() as tg:
+                events = await follow(tg, discovery.subscriber)
+                assert await take(events, 1) == [("worker-added", first.uid)]
+                added = [worker() for _ in range(5)]
+                for metadata in added:
+                    await publisher.publish("worker-added", metadata)
+                await publisher.publish("worker-dropped", first)
+                expected = [("worker-added", m.uid) for m in added] + [("worker-dropped", first.uid)]
+                assert await take(events, 6) == expected
+                tg.cancel_scope.cancel()
+
+
+async def test_late_subscriber_first_sees_current_workers(namespace):
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace) as discovery, discovery.publisher as publisher:
+            current = [worker() for _ in range(3)]
+            gone = worker()
+            for metadata in [*current, gone]:
+                await publisher.publish("worker-added", metadata)
+            await publisher.publish("worker-dropped", gone)
+            async with anyio.create_task_group() as tg:
+                events = await follow(tg, discovery.subscriber)
+                snapshot = await take(events, 3)
+                assert sorted(snapshot) == sorted(("worker-added", m.uid) for m in current)
+                later = worker()
+                await publisher.publish("worker-added", later)
+                assert await take(events, 1) == [("worker-added", later.uid)]
+                tg.cancel_scope.cancel()
+
+
+async def test_readd_refreshes_in_place_as_update(namespace):
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace, capacity=1) as discovery, discovery.publisher as publisher:
+            original = worker()
+            await publisher.publish("worker-added", original)
+            async with anyio.create_task_group() as tg:
+                events = await follow(tg, discovery.subscriber)
+                assert await take(events, 1) == [("worker-added", original.uid)]
+                # capacity=1: a second slot would raise DiscoveryCapacityExhausted.
+                await publisher.publish("worker-added", worker(uid=original.uid, tags={"x"}))
+                assert await take(events, 1) == [("worker-updated", original.uid)]
+                tg.cancel_scope.cancel()
+
+
+async def test_unchanged_update_emits_nothing(namespace):
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace) as discovery, discovery.publisher as publisher:
+            a, b = worker(), worker()
+            await publisher.publish("worker-added", a)
+            async with anyio.create_task_group() as tg:
+                events = await follow(tg, discovery.subscriber)
+                assert await take(events, 1) == [("worker-added", a.uid)]
+                await publisher.publish("worker-updated", a)  # same metadata
+                await publisher.publish("worker-added", b)
+                assert await take(events, 1) == [("worker-added", b.uid)]
+                tg.cancel_scope.cancel()
+
+
+async def test_update_of_unknown_worker_raises_and_drop_is_noop(namespace):
+    async with LocalDiscovery(namespace) as discovery, discovery.publisher as publisher:
+        stranger = worker()
+        with pytest.raises(DiscoveryWorkerNotFound) as info:
+            await publisher.publish("worker-updated", stranger)
+        assert info.value.uid == stranger.uid
+        await publisher.publish("worker-dropped", stranger)
+
+
+async def test_capacity_is_stamped_by_owner_and_governs_borrowers(namespace):
+    async with LocalDiscovery(namespace, capacity=2), LocalDiscovery.Publisher(namespace) as publisher:
+        await publisher.publish("worker-added", worker())
+        await publisher.publish("worker-added", worker())
+        with pytest.raises(DiscoveryCapacityExhausted) as info:
+            await publisher.publish("worker-added", worker())
+        assert info.value.capacity == 2
+
+
+async def test_block_size_boundary(namespace):
+    probe = worker(extra={"pad": ""})
+    base = len(probe.to_bytes())
+    block = base + 40
+    async with LocalDiscovery(namespace, block_size=block) as discovery, discovery.publisher as publisher:
+        fits = worker(uid=probe.uid, extra={"pad": "x" * 40})
+        # msgpack's str header grows by one byte past 31 characters.
+        while len(fits.to_bytes()) > block:
+            fits = worker(uid=probe.uid, extra={"pad": fits.extra["pad"][:-1]})
+        while len(fits.to_bytes()) < block:
+            fits = worker(uid=probe.uid, extra={"pad": fits.extra["pad"] + "x"})
+        assert len(fits.to_bytes()) == block
+        await publisher.publish("worker-added", fits)
+        too_big = worker(uid=probe.uid, extra={"pad": fits.extra["pad"] + "x"})
+        with pytest.raises(DiscoveryBlockExhausted) as info:
+            await publisher.publish("worker-added", too_big)
+        assert info.value.size == block + 1
+        async with anyio.create_task_group() as tg:
+            events = await follow(tg, discovery.subscriber)
+            event = await events.receive()
+            assert event.metadata.same_as(fits)  # the prior registration is intact
+            tg.cancel_scope.cancel()
+
+
+async def test_publisher_exit_withdraws_its_workers(namespace):
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace) as discovery:
+            kept = worker()
+            async with discovery.publisher as other:
+                await other.publish("worker-added", kept)
+                async with anyio.create_task_group() as tg:
+                    events = await follow(tg, discovery.subscriber)
+                    assert await take(events, 1) == [("worker-added", kept.uid)]
+                    mine = [worker(), worker()]
+                    async with discovery.publisher as publisher:
+                        for metadata in mine:
+                            await publisher.publish("worker-added", metadata)
+                        assert await take(events, 2) == [("worker-added", m.uid) for m in mine]
+                    got = await take(events, 2)
+                    assert sorted(got) == sorted(("worker-dropped", m.uid) for m in mine)
+                    tg.cancel_scope.cancel()
+
+
+async def test_owner_exit_drops_workers_then_successor_appears(namespace):
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            claimed, release, exited = anyio.Event(), anyio.Event(), anyio.Event()
+
+            async def own() -> None:
+                async with LocalDiscovery(namespace):
+                    claimed.set()
+                    await release.wait()
+                exited.set()
+
+            tg.start_soon(own)
+            await claimed.wait()
+            a = worker()
+            # The publisher outlives the owner, so the drop comes from the owner's exit.
+            async with LocalDiscovery.Publisher(namespace) as publisher:
+                await publisher.publish("worker-added", a)
+                events = await follow(tg, LocalDiscovery.Subscriber(namespace))
+                assert await take(events, 1) == [("worker-added", a.uid)]
+                release.set()
+                assert await take(events, 1) == [("worker-dropped", a.uid)]
+                await exited.wait()
+                with pytest.raises(DiscoveryNamespaceNotFound):
+                    async for _ in LocalDiscovery.Subscriber(namespace):
+                        pass
+                # The same iteration follows a successor, and never shows the old worker.
+                async with LocalDiscovery(namespace) as successor, successor.publisher as other:
+                    b = worker()
+                    await other.publish("worker-added", b)
+                    assert await take(events, 1) == [("worker-added", b.uid)]
+            tg.cancel_scope.cancel()
+
+
+# -- construction -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kwargs", "error", "words"), [
+    ({"capacity": 0}, ValueError, "capacity"),
+    ({"capacity": True}, TypeError, "capacity"),
+    ({"capacity": 1.5}, TypeError, "capacity"),
+    ({"capacity": 10**9}, ValueError, "capacity"),
+    ({"block_size": 0}, ValueError, "block_size"),
+    ({"block_size": False}, TypeError, "block_size"),
+    ({"block_size": 1 << 30}, ValueError, "block_size"),
+    ({"lock_timeout": -1}, ValueError, "lock_timeout"),
+    ({"poll_interval": 0}, ValueError, "poll_interval"),
+    ({"poll_interval": -0.5}, ValueError, "poll_interval"),
+])
+def test_bad_construction_names_parameter_and_value(kwargs, error, words):
+    with pytest.raises(error, match=words) as info:
+        LocalDiscovery("jobs", **kwargs)
+    assert repr(next(iter(kwargs.values()))) in str(info.value)
+
+
+def test_subscriber_is_subscriber_like_and_pickles_with_poll_interval():
+    subscriber = LocalDiscovery.Subscriber("jobs", poll_interval=0.25)
+    assert isinstance(subscriber, DiscoverySubscriberLike)
+    for dumps, loads in [(pickle.dumps, pickle.loads), (cloudpickle.dumps, cloudpickle.loads)]:
+        clone = loads(dumps(subscriber))
+        assert clone.namespace == "jobs" and clone.poll_interval == 0.25
+
+
+def test_runtime_dir_symlink_is_refused(tmp_path, monkeypatch):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    monkeypatch.setenv("ANYWOOL_RUNTIME_DIR", str(link))
+    with pytest.raises(PermissionError, match="symlink"):
+        registry.claim("jobs", capacity=1, block_size=64)
