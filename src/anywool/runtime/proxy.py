@@ -139,10 +139,13 @@ class WorkerProxy:
             reset_active(self._token)
         except ValueError:
             log.warning("WorkerProxy exited in another context than it was entered in")
-        task_group, self._task_group = self._task_group, None
+        task_group = self._task_group
         if task_group is not None:
             task_group.cancel_scope.cancel()
-            await task_group.__aexit__(None, None, None)
+            try:
+                await task_group.__aexit__(None, None, None)
+            finally:
+                self._task_group = None
 
     # -- discovery -----------------------------------------------------------------------------
 
@@ -157,7 +160,7 @@ class WorkerProxy:
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:
-            log.warning("discovery subscriber %r failed: %r", self._discovery, exc)
+            log.warning("discovery subscriber %r failed: %r", self._discovery, exc, exc_info=True)
             self._failure = exc
         self._discovery_ended = True
         self._notify()
@@ -166,6 +169,8 @@ class WorkerProxy:
         return self._tags is None or self._tags <= metadata.tags
 
     def _handle(self, event: DiscoveryEvent) -> None:
+        if not self._active:
+            return  # exiting: the sentinel is being cancelled, admit nothing new
         metadata = event.metadata
         current = self._admitted.get(metadata.uid)
         if event.type == "worker-dropped" or not self._admits(metadata):

@@ -1,0 +1,84 @@
+"""Exceptions across processes: full fidelity, rebuilt fallback, last-resort replacement."""
+
+from __future__ import annotations
+
+import threading
+import traceback
+
+import pytest
+
+from anywool.runtime.serializer import (
+    SerializationWarning,
+    dumps,
+    dumps_exception,
+    loads,
+    loads_exception,
+)
+
+
+def _raise_here(message: str) -> None:
+    raise KeyError(message)  # the line the traceback must mention
+
+
+class Locked(Exception):
+    """Rebuildable from its args, unpicklable as raised once a lock is attached."""
+
+
+class Stubborn(Exception):
+    """Neither picklable as raised nor rebuildable from its args."""
+
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.lock = threading.Lock()
+
+
+def test_values_round_trip() -> None:
+    value = {"a": [1, 2.5, None], "b": (b"x", frozenset({3}))}
+    assert loads(dumps(value)) == value
+
+
+def test_exception_round_trips_with_traceback_and_cause() -> None:
+    try:
+        try:
+            _raise_here("inner")
+        except KeyError as inner:
+            raise ValueError("outer") from inner
+    except ValueError as exc:
+        data = dumps_exception(exc)
+    copy = loads_exception(data)
+    assert type(copy) is ValueError and copy.args == ("outer",)
+    assert type(copy.__cause__) is KeyError and copy.__cause__.args == ("inner",)
+    rendered = "".join(traceback.format_exception(copy))
+    assert "_raise_here" in rendered
+    assert "raise KeyError(message)  # the line the traceback must mention" in rendered
+
+
+def test_unpicklable_exception_is_rebuilt_from_args_with_a_warning() -> None:
+    try:
+        try:
+            raise OSError(5, "cause")
+        except OSError as cause:
+            exc = Locked("no pickles")
+            exc.lock = threading.Lock()
+            raise exc from cause
+    except Locked as exc:
+        data = dumps_exception(exc)
+    with pytest.warns(SerializationWarning, match="it was rebuilt from its args"):
+        copy = loads_exception(data)
+    assert type(copy) is Locked and copy.args == ("no pickles",)
+    assert isinstance(copy.__cause__, OSError) and copy.__cause__.errno == 5
+    assert "test_unpicklable_exception_is_rebuilt" in "".join(traceback.format_exception(copy))
+
+
+def test_exception_neither_picklable_nor_rebuildable_becomes_runtime_error() -> None:
+    exc = Stubborn(7, "stuck")
+    with pytest.warns(SerializationWarning, match="replaced by"):
+        copy = loads_exception(dumps_exception(exc))
+    assert type(copy) is RuntimeError
+    assert "Stubborn" in str(copy) and "7: stuck" in str(copy)
+
+
+def test_undecodable_exception_bytes_become_runtime_error() -> None:
+    with pytest.warns(SerializationWarning, match="could not be unpickled"):
+        copy = loads_exception(b"not a pickle")
+    assert type(copy) is RuntimeError
