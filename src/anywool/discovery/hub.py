@@ -143,7 +143,6 @@ class _Source:
         self.consumers: set[_Consumer] = set()
         self.view: dict[UUID, WorkerMetadata] = {}
         self.binding: registry.Binding | None = binding
-        self.cache: dict[int, tuple[int, WorkerMetadata]] = {}
         self.binds = 1
         self.scans = 0
         self.watcher = _Watcher()
@@ -200,9 +199,14 @@ class _Source:
                 events = [DiscoveryEvent("worker-dropped", m) for m in self.view.values()]
                 self._orphan()
             elif counter != self._counter:
-                self._counter = counter
                 self.scans += 1
-                events = _events_from(binding.scan(self.cache))
+                journal = binding.changes_since(self._counter)
+                if journal is None:  # fell behind the journal: the net difference instead
+                    self._counter, current = binding.snapshot()
+                    events = _diff(self.view, current)
+                else:
+                    self._counter, changes = journal
+                    events = _events_from(self.view, changes)
         else:
             try:
                 binding = registry.bind(self.namespace)
@@ -210,11 +214,10 @@ class _Source:
                 return
             self.binding = binding
             self.binds += 1
-            self.cache = {}
-            self._counter, _ = binding.counter()
             self.watcher.watch(binding.path / "notify")
             self.scans += 1
-            events = _events_from(binding.scan(self.cache))
+            self._counter, current = binding.snapshot()
+            events = _diff(self.view, current)
         if events:
             with self.lock:
                 _apply(self.view, events)
@@ -225,25 +228,28 @@ class _Source:
         assert self.binding is not None
         self.binding.close()
         self.binding = None
-        self.cache = {}
         self._counter = -1
         # A successor appears by renaming its generation into the runtime directory.
         self.watcher.watch(runtime_dir(create=False), directory=True)
 
 
-def _events_from(changes: list[registry.SlotChange]) -> list[DiscoveryEvent]:
+def _events_from(view: dict[UUID, WorkerMetadata],
+                 changes: list[registry.Change]) -> list[DiscoveryEvent]:
+    """Events for journal ``changes`` applied to ``view`` (not modified)."""
+    current = dict(view)
     events: list[DiscoveryEvent] = []
     for change in changes:
-        old, new = change.old, change.new
-        if old is not None and (new is None or new.uid != old.uid):
-            events.append(DiscoveryEvent("worker-dropped", old))
-            old = None
-        if new is None:
+        if change.metadata is None:
+            gone = current.pop(change.uid, None)
+            if gone is not None:
+                events.append(DiscoveryEvent("worker-dropped", gone))
             continue
-        if old is None:
-            events.append(DiscoveryEvent("worker-added", new))
-        elif not new.same_as(old):
-            events.append(DiscoveryEvent("worker-updated", new))
+        known = current.get(change.uid)
+        current[change.uid] = change.metadata
+        if known is None:
+            events.append(DiscoveryEvent("worker-added", change.metadata))
+        elif not known.same_as(change.metadata):
+            events.append(DiscoveryEvent("worker-updated", change.metadata))
     return events
 
 

@@ -1,4 +1,4 @@
-"""The file-backed namespace registry: claim, bind, scan, publish, reap, release.
+"""The file-backed namespace registry: claim, bind, read, publish, reap, release.
 
 Everything here is synchronous and blocking-free in the event-loop sense only because callers
 run it in worker threads: no event loop, no anyio, no asyncio. It can be unit-tested alone.
@@ -6,7 +6,7 @@ run it in worker threads: no event loop, no anyio, no asyncio. It can be unit-te
 On-disk shape (all below the private runtime directory)::
 
     ns-<key>/           one generation of a namespace; its owner holds flock(LOCK_EX) on it
-        registry        header, slot table, metadata blocks (fixed offsets, pread/pwrite)
+        registry        header, slot table, change journal, metadata blocks (pread/pwrite)
         notify          the hint: publishers write a byte after every change
         lease-<hex>     one per bound publisher, which holds flock(LOCK_EX) on it for life
     tmp-<hex>/          a claimant preparing its generation
@@ -64,11 +64,16 @@ MAX_REGISTRY_BYTES = 256 << 20
 # magic, version, capacity, block_size, owner_pid, generation, digest, change counter, retired
 _HEADER = struct.Struct("<8sIIIi16s32sQB7x")
 _COUNTER_OFFSET = 8 + 4 * 4 + 16 + 32
-_RETIRED_OFFSET = _COUNTER_OFFSET + 8
 _HEADER_SPACE = 128
 # worker uid, sequence (the change counter at the write), lease id, payload length
 _SLOT = struct.Struct("<16sQ16sI4x")
 _EMPTY_UID = bytes(16)
+# The journal: a ring of the last JOURNAL_LENGTH changes, so a subscriber that keeps up sees
+# every change in order instead of only the net effect since its last look. Each entry is the
+# change counter, the kind, the payload length and the worker uid, then the payload itself.
+JOURNAL_LENGTH = 256
+_ENTRY = struct.Struct("<QB3xI16s")
+_KINDS = ("worker-added", "worker-updated", "worker-dropped")
 
 # Bytes of blake2b kept for a namespace key (26 base32 characters). Tests shrink it to force
 # collisions, which the digest stored in the header must then catch.
@@ -197,11 +202,91 @@ class Header:
     retired: bool
 
 
-def _layout(capacity: int, block_size: int) -> tuple[int, int]:
-    """(offset of the first block, total file size) for a registry."""
-    blocks = _HEADER_SPACE + capacity * _SLOT.size
-    blocks = (blocks + 63) // 64 * 64
-    return blocks, blocks + capacity * block_size
+def _align(value: int, to: int) -> int:
+    return (value + to - 1) // to * to
+
+
+class Change(NamedTuple):
+    kind: str
+    uid: UUID
+    metadata: WorkerMetadata | None  # None for a drop
+
+
+class Table:
+    """The registry file of one generation: its layout and the primitive reads and writes.
+
+    Callers hold the registry lock: ``LOCK_SH`` to read, ``LOCK_EX`` to write.
+    """
+
+    def __init__(self, fd: int, capacity: int, block_size: int) -> None:
+        self.fd = fd
+        self.capacity = capacity
+        self.block_size = block_size
+        self.journal_offset = _align(_HEADER_SPACE + capacity * _SLOT.size, 64)
+        self.entry_size = _align(_ENTRY.size + block_size, 8)
+        self.blocks_offset = _align(self.journal_offset + JOURNAL_LENGTH * self.entry_size, 64)
+        self.size = self.blocks_offset + capacity * block_size
+
+    def counter(self) -> tuple[int, bool]:
+        return _read_counter(self.fd)
+
+    def slots(self) -> list[tuple[bytes, int, bytes, int]]:
+        data = os.pread(self.fd, self.capacity * _SLOT.size, _HEADER_SPACE)
+        return list(_SLOT.iter_unpack(data))
+
+    def commit(self, index: int, kind: str, worker: UUID, lease: bytes, payload: bytes) -> None:
+        """Write one change: block, slot, journal entry, then the counter."""
+        counter = _read_counter(self.fd)[0] + 1
+        occupied = kind != "worker-dropped"
+        if occupied:
+            os.pwrite(self.fd, payload, self.blocks_offset + index * self.block_size)
+        os.pwrite(self.fd, _SLOT.pack(worker.bytes if occupied else _EMPTY_UID, counter,
+                                      lease if occupied else _EMPTY_UID, len(payload)),
+                  _HEADER_SPACE + index * _SLOT.size)
+        entry = _ENTRY.pack(counter, _KINDS.index(kind), len(payload), worker.bytes) + payload
+        os.pwrite(self.fd, entry,
+                  self.journal_offset + (counter % JOURNAL_LENGTH) * self.entry_size)
+        os.pwrite(self.fd, struct.pack("<Q", counter), _COUNTER_OFFSET)
+
+    def snapshot(self) -> tuple[int, dict[UUID, WorkerMetadata]]:
+        """(change counter, every registered worker in slot order)."""
+        counter, _ = self.counter()
+        view: dict[UUID, WorkerMetadata] = {}
+        for index, (_uid, _seq, _lease, length) in enumerate(self.slots()):
+            if length:
+                data = os.pread(self.fd, length, self.blocks_offset + index * self.block_size)
+                try:
+                    metadata = WorkerMetadata.from_bytes(data)
+                except ValueError:
+                    continue  # an unreadable block is an empty slot to a reader
+                view[metadata.uid] = metadata
+        return counter, view
+
+    def changes_since(self, since: int) -> tuple[int, list[Change]] | None:
+        """The changes after counter ``since``, oldest first, with the current counter.
+
+        :returns: ``None`` when the journal no longer reaches back that far (the caller
+            resynchronises from :meth:`snapshot`).
+        """
+        counter, _ = self.counter()
+        if since < 0 or counter - since > JOURNAL_LENGTH or counter < since:
+            return None
+        changes: list[Change] = []
+        for number in range(since + 1, counter + 1):
+            offset = self.journal_offset + (number % JOURNAL_LENGTH) * self.entry_size
+            head = os.pread(self.fd, _ENTRY.size, offset)
+            recorded, kind, length, uid = _ENTRY.unpack(head)
+            if recorded != number:
+                return None
+            metadata = None
+            if _KINDS[kind] != "worker-dropped":
+                try:
+                    metadata = WorkerMetadata.from_bytes(
+                        os.pread(self.fd, length, offset + _ENTRY.size))
+                except ValueError:
+                    return None
+            changes.append(Change(_KINDS[kind], UUID(bytes=uid), metadata))
+        return counter, changes
 
 
 def _read_header(fd: int) -> Header:
@@ -240,6 +325,7 @@ class Claim:
         self.dir_fd = dir_fd
         self.registry_fd = registry_fd
         self.header = header
+        self.table = Table(registry_fd, header.capacity, header.block_size)
         self.pid = os.getpid()
         self._released = False
 
@@ -287,19 +373,16 @@ class Claim:
         :returns: the uids of the workers removed.
         """
         with _locked(self.registry_fd, fcntl.LOCK_EX, 5.0, self.namespace):
-            table = _read_slots(self.registry_fd, self.header.capacity)
-            leases = {entry[2] for entry in table if entry[3] and entry[2] != _EMPTY_UID}
+            slots = self.table.slots()
+            leases = {entry[2] for entry in slots if entry[3] and entry[2] != _EMPTY_UID}
             dead = {lease for lease in leases if _lease_is_dead(self.path, lease)}
             if not dead:
                 return []
             removed: list[UUID] = []
-            counter, _ = _read_counter(self.registry_fd)
-            for index, (uid, _seq, lease, length) in enumerate(table):
+            for index, (uid, _seq, lease, length) in enumerate(slots):
                 if length and lease in dead:
-                    counter += 1
-                    _write_slot(self.registry_fd, index, _EMPTY_UID, counter, _EMPTY_UID, 0)
                     removed.append(UUID(bytes=uid))
-            os.pwrite(self.registry_fd, struct.pack("<Q", counter), _COUNTER_OFFSET)
+                    self.table.commit(index, "worker-dropped", removed[-1], _EMPTY_UID, b"")
         for lease in dead:
             try:
                 os.unlink(self.path / f"lease-{lease.hex()}")
@@ -362,7 +445,7 @@ def _create_registry(directory: Path, namespace: str, capacity: int,
     fd = _open_file(directory / "registry", os.O_RDWR | os.O_CREAT | os.O_EXCL)
     try:
         os.fchmod(fd, 0o600)
-        _, size = _layout(capacity, block_size)
+        size = Table(fd, capacity, block_size).size
         try:
             os.posix_fallocate(fd, 0, size)  # reserve now: no ENOSPC mid-publish later
         except OSError as exc:
@@ -466,13 +549,6 @@ def _sweep_leftovers(root: Path) -> None:
 # -- bind -------------------------------------------------------------------------------------
 
 
-class SlotChange(NamedTuple):
-    seq: int
-    index: int
-    old: WorkerMetadata | None
-    new: WorkerMetadata | None
-
-
 class Binding:
     """A borrower's handle on the live generation of a namespace.
 
@@ -487,7 +563,7 @@ class Binding:
         self.dir_fd = dir_fd
         self.registry_fd = registry_fd
         self.header = header
-        self._blocks_offset, _ = _layout(header.capacity, header.block_size)
+        self.table = Table(registry_fd, header.capacity, header.block_size)
 
     @property
     def capacity(self) -> int:
@@ -527,40 +603,24 @@ class Binding:
 
     # -- reads --
 
-    def scan(self, cache: dict[int, tuple[int, WorkerMetadata]],
-             lock_timeout: float | None = 30.0,
-             checkpoint: Callable[[], None] | None = None) -> list[SlotChange]:
-        """Refresh ``cache`` (slot index → (sequence, metadata)) from the slot table.
-
-        Only blocks whose sequence changed are read and decoded, so a change among many
-        workers costs O(changed). Reads under ``LOCK_SH`` so no write is ever seen half done.
-
-        :returns: the slots that changed, in the order they were written.
-        """
-        changed: list[SlotChange] = []
+    def snapshot(self, lock_timeout: float | None = 30.0,
+                 checkpoint: Callable[[], None] | None = None,
+                 ) -> tuple[int, dict[UUID, WorkerMetadata]]:
+        """(change counter, every registered worker), read consistently under ``LOCK_SH``."""
         with _locked(self.registry_fd, fcntl.LOCK_SH, lock_timeout, self.namespace, checkpoint):
-            table = _read_slots(self.registry_fd, self.header.capacity)
-            for index, (uid, seq, _lease, length) in enumerate(table):
-                known = cache.get(index)
-                if known is not None and known[0] == seq:
-                    continue
-                if not length and known is None:
-                    continue
-                metadata = None
-                if length:
-                    data = os.pread(self.registry_fd, length,
-                                    self._blocks_offset + index * self.header.block_size)
-                    try:
-                        metadata = WorkerMetadata.from_bytes(data)
-                    except ValueError:
-                        metadata = None  # unreadable block: treat as empty
-                if metadata is None:
-                    cache.pop(index, None)
-                else:
-                    cache[index] = (seq, metadata)
-                changed.append(SlotChange(seq, index, known[1] if known else None, metadata))
-        changed.sort(key=lambda change: change.seq)
-        return changed
+            return self.table.snapshot()
+
+    def changes_since(self, since: int, lock_timeout: float | None = 30.0,
+                      checkpoint: Callable[[], None] | None = None,
+                      ) -> tuple[int, list[Change]] | None:
+        """Every change after counter ``since`` in write order, read from the journal.
+
+        Costs O(changes), whatever the number of workers. ``None`` when the journal no longer
+        reaches back to ``since`` (the reader fell more than ``JOURNAL_LENGTH`` changes
+        behind): take a :meth:`snapshot` instead.
+        """
+        with _locked(self.registry_fd, fcntl.LOCK_SH, lock_timeout, self.namespace, checkpoint):
+            return self.table.changes_since(since)
 
     # -- writes --
 
@@ -582,47 +642,35 @@ class Binding:
                 raise DiscoveryBlockExhausted(len(payload))
         uid = metadata.uid.bytes
         with _locked(self.registry_fd, fcntl.LOCK_EX, lock_timeout, self.namespace, checkpoint):
-            table = _read_slots(self.registry_fd, self.header.capacity)
-            index = next((i for i, entry in enumerate(table) if entry[3] and entry[0] == uid),
+            slots = self.table.slots()
+            index = next((i for i, entry in enumerate(slots) if entry[3] and entry[0] == uid),
                          None)
             if kind == "worker-dropped":
                 if index is None:
                     return False
-                self._commit(index, _EMPTY_UID, _EMPTY_UID, b"")
             elif kind == "worker-updated":
                 if index is None:
                     raise DiscoveryWorkerNotFound(metadata.uid)
-                self._commit(index, uid, table[index][2], payload)
-            else:
+                lease = slots[index][2]
+            elif index is None:
+                index = next((i for i, entry in enumerate(slots) if not entry[3]), None)
                 if index is None:
-                    index = next((i for i, entry in enumerate(table) if not entry[3]), None)
-                    if index is None:
-                        raise DiscoveryCapacityExhausted(self.header.capacity)
-                self._commit(index, uid, lease, payload)
+                    raise DiscoveryCapacityExhausted(self.header.capacity)
+            self.table.commit(index, kind, metadata.uid, lease, payload)
         _touch_hint(self.path)
         return True
 
     def withdraw(self, lease: bytes, *, lock_timeout: float | None) -> int:
         """Clear every slot written under ``lease``; returns how many."""
         with _locked(self.registry_fd, fcntl.LOCK_EX, lock_timeout, self.namespace):
-            table = _read_slots(self.registry_fd, self.header.capacity)
-            indices = [i for i, entry in enumerate(table) if entry[3] and entry[2] == lease]
+            slots = self.table.slots()
+            indices = [i for i, entry in enumerate(slots) if entry[3] and entry[2] == lease]
             for index in indices:
-                self._commit(index, _EMPTY_UID, _EMPTY_UID, b"")
+                self.table.commit(index, "worker-dropped", UUID(bytes=slots[index][0]),
+                                  _EMPTY_UID, b"")
         if indices:
             _touch_hint(self.path)
         return len(indices)
-
-    def _commit(self, index: int, uid: bytes, lease: bytes, payload: bytes) -> None:
-        # Caller holds LOCK_EX. Block first, then the slot, then the counter: a reader under
-        # LOCK_SH cannot interleave, and a crash mid-way leaves at worst a stale block.
-        counter, _ = _read_counter(self.registry_fd)
-        counter += 1
-        if payload:
-            os.pwrite(self.registry_fd, payload,
-                      self._blocks_offset + index * self.header.block_size)
-        _write_slot(self.registry_fd, index, uid, counter, lease, len(payload))
-        os.pwrite(self.registry_fd, struct.pack("<Q", counter), _COUNTER_OFFSET)
 
     # -- leases --
 
@@ -706,15 +754,6 @@ class _locked:
 
     def __exit__(self, *exc_info: object) -> None:
         _unlock(self._fd)
-
-
-def _read_slots(fd: int, capacity: int) -> list[tuple[bytes, int, bytes, int]]:
-    data = os.pread(fd, capacity * _SLOT.size, _HEADER_SPACE)
-    return list(_SLOT.iter_unpack(data))
-
-
-def _write_slot(fd: int, index: int, uid: bytes, seq: int, lease: bytes, length: int) -> None:
-    os.pwrite(fd, _SLOT.pack(uid, seq, lease, length), _HEADER_SPACE + index * _SLOT.size)
 
 
 def _touch_hint(path: Path) -> None:
