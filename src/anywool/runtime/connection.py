@@ -108,9 +108,9 @@ class WorkerConnection:
         except OSError as exc:
             raise WorkerError(self.address, f"could not connect: {exc}") from exc
         self._frames = FrameStream(self._stream, self._stream, max_frame_size=self._max_frame_size)
-        self._task_group = anyio.create_task_group()
-        await self._task_group.__aenter__()
-        self._task_group.start_soon(self._read, name=f"anywool-reader-{self.address}")
+        task_group = self._task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        task_group.start_soon(self._read, name=f"anywool-reader-{self.address}")
         return self
 
     async def __aexit__(

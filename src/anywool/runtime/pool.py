@@ -177,7 +177,9 @@ class WorkerPool:
 
             factory = LocalDiscovery()
         discovery = await resolve(factory, stack, is_value=_is_bare_subscriber)
+        owned: DiscoveryLike | None = None
         if isinstance(discovery, DiscoveryLike):
+            owned = discovery
             subscriber = discovery.subscriber
         elif isinstance(discovery, DiscoverySubscriberLike):
             if count:
@@ -191,9 +193,9 @@ class WorkerPool:
                 "discovery must resolve to a DiscoveryLike or a DiscoverySubscriberLike, "
                 f"got {discovery!r}"
             )
-        if count:
+        if owned is not None and count:
             await self._start_workers(stack, count)
-            publisher = await resolve(discovery.publisher, stack)
+            publisher = await resolve(owned.publisher, stack)
             if not isinstance(publisher, DiscoveryPublisherLike):
                 raise TypeError(f"discovery.publisher is not a DiscoveryPublisherLike: {publisher!r}")
             stack.push_async_callback(self._announce_dropped, publisher)

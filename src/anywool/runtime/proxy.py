@@ -121,9 +121,9 @@ class WorkerProxy:
         if self._entered:
             raise RuntimeError("a WorkerProxy is single-use; create a new one")
         self._entered = True
-        self._task_group = anyio.create_task_group()
-        await self._task_group.__aenter__()
-        self._task_group.start_soon(self._sentinel, name="anywool-proxy-sentinel")
+        task_group = self._task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        task_group.start_soon(self._sentinel, name="anywool-proxy-sentinel")
         self._active = True
         self._token = set_active(self)
         return self

@@ -24,6 +24,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass
+from typing import cast
 
 import anyio
 import msgpack
@@ -87,7 +88,7 @@ def encode(frame: Frame, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
 
     :raises FrameError: the body would exceed ``max_frame_size`` bytes.
     """
-    body = msgpack.packb([int(frame.kind), frame.call_id, frame.payload], use_bin_type=True)
+    body = cast(bytes, msgpack.packb([int(frame.kind), frame.call_id, frame.payload], use_bin_type=True))
     if len(body) > max_frame_size:
         raise FrameError(
             f"a {frame.kind.name} frame of {len(body)} bytes exceeds the maximum of "
