@@ -24,6 +24,13 @@ from anywool.errors import (
     WorkerError,
 )
 from anywool.metadata import WorkerMetadata
+from anywool.runtime.loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
+from anywool.runtime.local_worker import LocalWorker
+from anywool.runtime.pool import WorkerPool
+from anywool.runtime.proxy import WorkerProxy
+from anywool.runtime.resolve import Factory
+from anywool.runtime.routine import routine
+from anywool.runtime.serializer import SerializationWarning
 
 __version__ = "0.1.0"
 
@@ -40,12 +47,20 @@ __all__ = [
     "DiscoveryPublisherLike",
     "DiscoverySubscriberLike",
     "DiscoveryWorkerNotFound",
+    "Factory",
+    "LoadBalancerLike",
     "LocalDiscovery",
+    "LocalWorker",
     "NoWorkersAvailable",
     "PredicateFunction",
+    "RoundRobinLoadBalancer",
     "RoutineCancelled",
+    "SerializationWarning",
     "WoolError",
     "WorkerError",
     "WorkerMetadata",
+    "WorkerPool",
+    "WorkerProxy",
     "afilter",
+    "routine",
 ]
