@@ -1,0 +1,198 @@
+"""LocalDiscovery and WorkerPool across real interpreters."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import anyio
+import psutil
+import pytest
+
+from anywool import DiscoveryNamespaceInUse, DiscoveryNamespaceNotFound, LocalDiscovery, WorkerPool
+
+from ..helpers import follow, take, worker
+from .children import start, start_detached, stop
+from .routines import whoami
+
+pytestmark = pytest.mark.anyio
+
+CLAIMANT = """
+import os, sys, time, anyio
+from anywool import LocalDiscovery, DiscoveryNamespaceInUse
+namespace, deadline = sys.argv[1], float(sys.argv[2])
+async def main():
+    try:
+        async with LocalDiscovery(namespace):
+            print("won", os.getpid(), flush=True)
+            await anyio.to_thread.run_sync(sys.stdin.read)
+    except DiscoveryNamespaceInUse as error:
+        print("in-use", error.owner_pid, error.path, flush=True)
+while time.time() < deadline:
+    time.sleep(0.0002)
+anyio.run(main)
+"""
+
+SUBSCRIBER = """
+import sys, anyio
+from anywool import LocalDiscovery
+async def main():
+    async for event in LocalDiscovery.Subscriber(sys.argv[1], poll_interval=float(sys.argv[2])):
+        print(event.type, event.metadata.uid, flush=True)
+anyio.run(main)
+"""
+
+PUBLISHER = """
+import sys, uuid, os, anyio
+from anywool import LocalDiscovery, WorkerMetadata
+async def main():
+    async with LocalDiscovery.Publisher(sys.argv[1]) as publisher:
+        metadata = WorkerMetadata(uuid.UUID(sys.argv[2]), "unix:/tmp/none", os.getpid(), "x")
+        await publisher.publish("worker-added", metadata)
+        print("published", flush=True)
+        await anyio.to_thread.run_sync(sys.stdin.read)
+anyio.run(main)
+"""
+
+POOL_OWNER = """
+import os, sys, anyio
+from anywool import LocalDiscovery, WorkerPool
+print(os.getpid(), flush=True)
+async def main():
+    async with WorkerPool(spawn=1, discovery=LocalDiscovery(sys.argv[1])) as pool:
+        print("ready", *[w.metadata.pid for w in pool.workers], flush=True)
+        await anyio.to_thread.run_sync(sys.stdin.read)
+anyio.run(main, backend=sys.argv[2])
+"""
+
+
+async def test_racing_interpreters_admit_exactly_one_owner(namespace, runtime_dir):
+    with anyio.fail_after(30):
+        deadline = time.time() + 1.5  # all four are running and waiting by then
+        children = [await start(CLAIMANT, namespace, str(deadline)) for _ in range(4)]
+        try:
+            lines = [(await child.readline()).split() for child in children]
+            winners = [int(line[1]) for line in lines if line[0] == "won"]
+            assert len(winners) == 1
+            losers = [line for line in lines if line[0] == "in-use"]
+            assert len(losers) == 3
+            for _, owner_pid, path in losers:
+                assert int(owner_pid) == winners[0]
+                assert os.path.dirname(path) == str(runtime_dir)
+        finally:
+            await stop(children)
+    assert os.listdir(runtime_dir) == []
+
+
+async def test_subscriber_in_another_process_is_woken_by_the_hint(namespace):
+    # A 60 s poll interval: within the 10 s bound only the hint can deliver the changes.
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            first = worker()
+            await publisher.publish("worker-added", first)
+            child = await start(SUBSCRIBER, namespace, "60")
+            try:
+                assert await child.readline() == f"worker-added {first.uid}"
+                second = worker()
+                await publisher.publish("worker-added", second)
+                assert await child.readline() == f"worker-added {second.uid}"
+                await publisher.publish("worker-updated", worker(uid=first.uid, pid=9))
+                assert await child.readline() == f"worker-updated {first.uid}"
+                await publisher.publish("worker-dropped", second)
+                assert await child.readline() == f"worker-dropped {second.uid}"
+            finally:
+                child.kill()
+                await stop([child])
+
+
+async def test_publisher_in_another_process_reaches_this_subscriber(namespace):
+    with anyio.fail_after(15):
+        async with LocalDiscovery(namespace) as owner, anyio.create_task_group() as tg:
+            events = await follow(tg, owner.subscriber)
+            uid = worker().uid
+            child = await start(PUBLISHER, namespace, str(uid))
+            try:
+                assert await child.readline() == "published"
+                assert await take(events, 1) == [("worker-added", uid)]
+                await child.close_stdin()  # the publisher exits and withdraws its worker
+                assert await take(events, 1) == [("worker-dropped", uid)]
+            finally:
+                await stop([child])
+            tg.cancel_scope.cancel()
+
+
+async def test_borrowing_pool_dispatches_to_another_interpreters_worker(namespace, anyio_backend):
+    with anyio.fail_after(60):
+        child = await start_detached(POOL_OWNER, namespace, anyio_backend)
+        try:
+            ready, *worker_pids = (await child.readline()).split()
+            assert ready == "ready"
+            async with WorkerPool(discovery=LocalDiscovery.Subscriber(namespace)) as pool:
+                assert pool.workers == []
+                served_by = await whoami()
+            mine = {p.pid for p in psutil.Process().children(recursive=True)}
+            assert served_by not in mine and served_by != os.getpid()
+            assert served_by == int(worker_pids[0])
+            assert psutil.Process(served_by).ppid() == child.pid
+        finally:
+            await stop([child])
+
+
+async def test_borrowing_pool_on_missing_namespace_raises_not_found(namespace):
+    with anyio.fail_after(20):
+        with pytest.raises(DiscoveryNamespaceNotFound):
+            async with WorkerPool(discovery=LocalDiscovery.Subscriber(namespace), quorum_timeout=5):
+                await whoami()
+
+
+OWNER = """
+import os, sys, anyio
+from anywool import LocalDiscovery
+async def main():
+    async with LocalDiscovery(sys.argv[1]):
+        print("owner", os.getpid(), flush=True)
+        await anyio.to_thread.run_sync(sys.stdin.read)
+anyio.run(main)
+"""
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["process", "process-group"])
+async def test_sigkilled_owner_is_reclaimed_by_successor(namespace, runtime_dir, group):
+    with anyio.fail_after(20):
+        child = await start(OWNER, namespace, new_group=group)
+        try:
+            assert (await child.readline()).split()[0] == "owner"
+            with pytest.raises(DiscoveryNamespaceInUse) as info:
+                async with LocalDiscovery(namespace):
+                    pass
+            assert info.value.owner_pid == child.pid
+            child.kill(group=group)
+            await child.wait()
+            async with LocalDiscovery(namespace) as successor:
+                assert sorted(os.listdir(successor.path)) == ["notify", "registry"]
+        finally:
+            await stop([child])
+    assert os.listdir(runtime_dir) == []
+
+
+async def test_sigkilled_publishers_workers_are_reaped(namespace):
+    with anyio.fail_after(15):
+        async with LocalDiscovery(namespace, reap_interval=0.2, capacity=1) as owner:
+            async with anyio.create_task_group() as tg:
+                events = await follow(tg, owner.subscriber)
+                uid = worker().uid
+                child = await start(PUBLISHER, namespace, str(uid))
+                try:
+                    assert await child.readline() == "published"
+                    assert await take(events, 1) == [("worker-added", uid)]
+                    child.kill()
+                    await child.wait()
+                    assert await take(events, 1) == [("worker-dropped", uid)]
+                finally:
+                    await stop([child])
+                # The slot is free again (capacity 1).
+                async with owner.publisher as publisher:
+                    await publisher.publish("worker-added", replacement := worker())
+                assert await take(events, 2) == [("worker-added", replacement.uid),
+                                                 ("worker-dropped", replacement.uid)]
+                tg.cancel_scope.cancel()
