@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -55,6 +56,16 @@ class Child:
     async def wait(self) -> int:
         return await self.process.wait()
 
+    async def read_stderr(self) -> bytes:
+        """Everything the child wrote to stderr (call after it exited; needs capture_stderr)."""
+        assert self.process.stderr is not None
+        data = b""
+        try:
+            while True:
+                data += await self.process.stderr.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            return data
+
 
 LAUNCHER = """
 import subprocess, sys
@@ -76,7 +87,8 @@ async def start_detached(code: str, *args: str) -> Child:
     return child
 
 
-async def start(code: str, *args: str, new_group: bool = False) -> Child:
+async def start(code: str, *args: str, new_group: bool = False,
+                capture_stderr: bool = False) -> Child:
     """Start ``python -c code args...`` in the repository with this test's environment."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -84,7 +96,7 @@ async def start(code: str, *args: str, new_group: bool = False) -> Child:
         [sys.executable, "-c", code, *args],
         cwd=REPO,
         env=env,
-        stderr=None,
+        stderr=subprocess.PIPE if capture_stderr else None,
         start_new_session=new_group,
     )
     return Child(process)

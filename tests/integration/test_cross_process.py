@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import anyio
@@ -159,7 +160,7 @@ anyio.run(main)
 @pytest.mark.parametrize("group", [False, True], ids=["process", "process-group"])
 async def test_sigkilled_owner_is_reclaimed_by_successor(namespace, runtime_dir, group):
     with anyio.fail_after(20):
-        child = await start(OWNER, namespace, new_group=group)
+        child = await start(OWNER, namespace, new_group=group, capture_stderr=True)
         try:
             assert (await child.readline()).split()[0] == "owner"
             with pytest.raises(DiscoveryNamespaceInUse) as info:
@@ -168,11 +169,45 @@ async def test_sigkilled_owner_is_reclaimed_by_successor(namespace, runtime_dir,
             assert info.value.owner_pid == child.pid
             child.kill(group=group)
             await child.wait()
+            assert os.listdir(runtime_dir) == [os.path.basename(info.value.path)]
+            contents = sorted(os.listdir(info.value.path))
+            # Borrowers of an ownerless namespace raise and create nothing.
+            with pytest.raises(DiscoveryNamespaceNotFound):
+                async with LocalDiscovery.Publisher(namespace):
+                    pass
+            with pytest.raises(DiscoveryNamespaceNotFound):
+                async for _ in LocalDiscovery.Subscriber(namespace):
+                    pass
+            assert sorted(os.listdir(info.value.path)) == contents
             async with LocalDiscovery(namespace) as successor:
                 assert sorted(os.listdir(successor.path)) == ["notify", "registry"]
+                # The dead generation was swept, not left beside the new one.
+                assert os.listdir(runtime_dir) == [os.path.basename(successor.path)]
+            assert await child.read_stderr() == b""
         finally:
             await stop([child])
     assert os.listdir(runtime_dir) == []
+
+
+async def test_stopped_owner_is_never_reclaimed(namespace):
+    with anyio.fail_after(20):
+        child = await start(OWNER, namespace)
+        try:
+            assert (await child.readline()).split()[0] == "owner"
+            os.kill(child.pid, signal.SIGSTOP)
+            try:
+                for _ in range(3):
+                    with pytest.raises(DiscoveryNamespaceInUse) as info:
+                        async with LocalDiscovery(namespace):
+                            pass
+                    assert info.value.owner_pid == child.pid
+                with pytest.raises(DiscoveryNamespaceInUse):
+                    async with LocalDiscovery(namespace, reclaim=False):
+                        pass
+            finally:
+                os.kill(child.pid, signal.SIGCONT)
+        finally:
+            await stop([child])
 
 
 async def test_sigkilled_publishers_workers_are_reaped(namespace):

@@ -20,7 +20,7 @@ from anywool import (
     LocalDiscovery,
     WorkerMetadata,
 )
-from anywool.discovery import hub, registry
+from anywool.discovery import hub
 
 from ..helpers import follow, take, worker
 
@@ -356,13 +356,3 @@ def test_subscriber_is_subscriber_like_and_pickles_with_poll_interval():
     for dumps, loads in [(pickle.dumps, pickle.loads), (cloudpickle.dumps, cloudpickle.loads)]:
         clone = loads(dumps(subscriber))
         assert clone.namespace == "jobs" and clone.poll_interval == 0.25
-
-
-def test_runtime_dir_symlink_is_refused(tmp_path, monkeypatch):
-    real = tmp_path / "real"
-    real.mkdir(mode=0o700)
-    link = tmp_path / "link"
-    link.symlink_to(real)
-    monkeypatch.setenv("ANYWOOL_RUNTIME_DIR", str(link))
-    with pytest.raises(PermissionError, match="symlink"):
-        registry.claim("jobs", capacity=1, block_size=64)

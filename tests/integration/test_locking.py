@@ -1,0 +1,241 @@
+"""Registry locking, capacity races and torn reads, across real processes."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import anyio
+import pytest
+
+from anywool import DiscoveryCapacityExhausted, LocalDiscovery
+from anywool.discovery import registry
+
+from ..helpers import follow, take, worker
+from .children import start, stop
+
+pytestmark = pytest.mark.anyio
+
+LOCK_HOLDER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+CAPACITY_RACER = """
+import os, sys, time, uuid, anyio
+from anywool import LocalDiscovery, WorkerMetadata, DiscoveryCapacityExhausted
+namespace, deadline = sys.argv[1], float(sys.argv[2])
+async def main():
+    async with LocalDiscovery.Publisher(namespace) as publisher:
+        metadata = WorkerMetadata(uuid.uuid4(), "unix:/tmp/none", os.getpid(), "x")
+        while time.time() < deadline:
+            await anyio.sleep(0.0005)
+        try:
+            await publisher.publish("worker-added", metadata)
+            print("won", flush=True)
+        except DiscoveryCapacityExhausted as error:
+            print("full", error.capacity, flush=True)
+        await anyio.to_thread.run_sync(sys.stdin.read)
+anyio.run(main)
+"""
+
+CHURNER = """
+import os, sys, time, uuid, random, anyio
+from anywool import LocalDiscovery, WorkerMetadata
+namespace, seconds = sys.argv[1], float(sys.argv[2])
+async def main():
+    rng = random.Random(os.getpid())
+    live = {}
+    changes = 0
+    async with LocalDiscovery.Publisher(namespace) as publisher:
+        stop = time.monotonic() + seconds
+        while time.monotonic() < stop:
+            roll = rng.random()
+            if not live or (roll < 0.4 and len(live) < 100):
+                metadata = WorkerMetadata(uuid.uuid4(), "unix:/tmp/none", os.getpid(), "x",
+                                          extra={"pad": "x" * rng.randrange(300)})
+                await publisher.publish("worker-added", metadata)
+                live[metadata.uid] = metadata
+            elif roll < 0.7:
+                uid = rng.choice(list(live))
+                metadata = WorkerMetadata(uid, "unix:/tmp/none", os.getpid(), str(changes),
+                                          extra={"pad": "y" * rng.randrange(300)})
+                await publisher.publish("worker-updated", metadata)
+                live[uid] = metadata
+            else:
+                uid = rng.choice(list(live))
+                await publisher.publish("worker-dropped", live.pop(uid))
+            changes += 1
+        print("done", changes, len(live), flush=True)
+        await anyio.to_thread.run_sync(sys.stdin.read)
+anyio.run(main)
+"""
+
+
+async def _hold_registry_lock(discovery: LocalDiscovery):
+    child = await start(LOCK_HOLDER, os.path.join(discovery.path, "registry"))
+    assert await child.readline() == "locked"
+    return child
+
+
+async def test_lock_timeout_names_namespace_and_timeout_and_waits_without_spinning(namespace):
+    with anyio.fail_after(20):
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            holder = await _hold_registry_lock(owner)
+            try:
+                publisher.lock_timeout = 1.0
+                wall, cpu = time.monotonic(), time.process_time()
+                with pytest.raises(TimeoutError) as info:
+                    await publisher.publish("worker-added", worker())
+                wall, cpu = time.monotonic() - wall, time.process_time() - cpu
+                assert namespace in str(info.value) and "1.0 s" in str(info.value)
+                assert wall >= 1.0
+                assert cpu < 0.25 * wall  # the waiter polls with backoff: it does not spin
+            finally:
+                await stop([holder])
+            await publisher.publish("worker-added", worker())  # the lock is free again
+
+
+async def test_killed_lock_holder_frees_the_lock_at_once(namespace):
+    with anyio.fail_after(20):
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            holder = await _hold_registry_lock(owner)
+            try:
+                async with anyio.create_task_group() as tg:
+                    done = anyio.Event()
+
+                    async def publish() -> None:
+                        await publisher.publish("worker-added", worker())
+                        done.set()
+
+                    tg.start_soon(publish)
+                    holder.kill()
+                    await holder.wait()
+                    await done.wait()  # well within lock_timeout (30 s) and the test bound
+            finally:
+                await stop([holder])
+
+
+async def test_cancelled_publish_leaves_no_lock_and_no_worker(namespace):
+    with anyio.fail_after(20):
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            holder = await _hold_registry_lock(owner)
+            try:
+                with anyio.move_on_after(0.3) as scope:
+                    await publisher.publish("worker-added", worker())
+                assert scope.cancelled_caught
+            finally:
+                await stop([holder])
+            binding = registry.bind(namespace)
+            try:
+                assert binding.snapshot(lock_timeout=1)[1] == {}
+            finally:
+                binding.close()
+            publisher.lock_timeout = 1.0
+            await publisher.publish("worker-added", worker())
+
+
+async def test_publishes_cancelled_at_random_points_commit_fully_or_not_at_all(namespace):
+    rng = random.Random(1234)
+    with anyio.fail_after(30):
+        async with LocalDiscovery(namespace, capacity=256) as owner, owner.publisher as publisher:
+            committed: dict = {}
+            for _ in range(200):
+                metadata = worker(extra={"n": rng.randrange(1000)})
+                with anyio.move_on_after(rng.random() * 0.002):
+                    await publisher.publish("worker-added", metadata)
+                    committed[metadata.uid] = metadata
+            binding = registry.bind(namespace)
+            try:
+                _, view = binding.snapshot(lock_timeout=1)
+            finally:
+                binding.close()
+            # Everything acknowledged is there in full; anything else is whole or absent.
+            assert set(committed) <= set(view)
+            for uid, metadata in committed.items():
+                assert view[uid].same_as(metadata)
+
+
+async def test_concurrent_publishers_at_capacity_one_in_process(namespace):
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace, capacity=1):
+            outcomes: list[str] = []
+
+            async def publish() -> None:
+                async with LocalDiscovery.Publisher(namespace) as publisher:
+                    try:
+                        await publisher.publish("worker-added", worker())
+                        outcomes.append("won")
+                    except DiscoveryCapacityExhausted:
+                        outcomes.append("full")
+                    await barrier.wait()
+
+            barrier = anyio.Event()
+            async with anyio.create_task_group() as tg:
+                for _ in range(8):
+                    tg.start_soon(publish)
+                while len(outcomes) < 8:
+                    await anyio.sleep(0.01)
+                barrier.set()
+            assert sorted(outcomes) == ["full"] * 7 + ["won"]
+
+
+async def test_concurrent_publishers_at_capacity_one_across_processes(namespace):
+    with anyio.fail_after(30):
+        async with LocalDiscovery(namespace, capacity=1):
+            deadline = time.time() + 1.5
+            children = [await start(CAPACITY_RACER, namespace, str(deadline)) for _ in range(4)]
+            try:
+                lines = sorted([await child.readline() for child in children])
+            finally:
+                await stop(children)
+            assert lines == ["full 1"] * 3 + ["won"]
+
+
+async def test_churning_publishers_never_tear_a_subscribers_view(namespace):
+    seconds = 10.0
+    with anyio.fail_after(seconds + 30):
+        async with LocalDiscovery(namespace, capacity=256, block_size=512) as owner:
+            async with anyio.create_task_group() as tg:
+                view: dict = {}
+                seen = 0
+
+                async def watch() -> None:
+                    nonlocal seen
+                    async for event in owner.subscriber:
+                        seen += 1
+                        if event.type == "worker-dropped":
+                            assert view.pop(event.metadata.uid).uid == event.metadata.uid
+                        elif event.type == "worker-added":
+                            assert event.metadata.uid not in view
+                            view[event.metadata.uid] = event.metadata
+                        else:
+                            assert event.metadata.uid in view
+                            view[event.metadata.uid] = event.metadata
+
+                tg.start_soon(watch)
+                children = [await start(CHURNER, namespace, str(seconds)) for _ in range(2)]
+                try:
+                    summaries = [(await child.readline()).split() for child in children]
+                    assert all(line[0] == "done" and int(line[1]) > 100 for line in summaries)
+                    live = sum(int(line[2]) for line in summaries)
+                    binding = registry.bind(namespace)
+                    try:
+                        _, registered = binding.snapshot(lock_timeout=5)
+                    finally:
+                        binding.close()
+                    assert len(registered) == live
+                    # The subscriber converges on exactly the registry's content.
+                    with anyio.fail_after(5):
+                        while set(view) != set(registered) or not all(
+                            view[uid].same_as(m) for uid, m in registered.items()
+                        ):
+                            await anyio.sleep(0.05)
+                finally:
+                    await stop(children)
+                assert seen > 0
+                tg.cancel_scope.cancel()

@@ -1,0 +1,153 @@
+"""The synchronous registry core on its own: keys, journal, failures, foreign state."""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from anywool import DiscoveryNamespaceInUse, DiscoveryNamespaceNotFound
+from anywool.discovery import registry
+
+from ..helpers import worker
+
+
+def test_keys_are_hashed_domain_separated_and_fixed_length():
+    keys = {registry.namespace_key(name) for name in ["a/b", "..", "x" * 10_000, "\0", "ü"]}
+    assert len(keys) == 5
+    assert all(len(key) == 26 and key.isalnum() for key in keys)
+    # Domain separation: the key is not the plain hash the digest uses.
+    assert registry.namespace_key("jobs") not in registry.namespace_digest("jobs").hex()
+
+
+def test_key_collision_never_binds_the_other_namespace(monkeypatch):
+    monkeypatch.setattr(registry, "KEY_BYTES", 1)  # 256 keys: collisions are easy to find
+    seen: dict[str, str] = {}
+    for index in itertools.count():
+        name = f"n{index}"
+        key = registry.namespace_key(name)
+        if key in seen:
+            first, second = seen[key], name
+            break
+        seen[key] = name
+    claim = registry.claim(first, capacity=2, block_size=256)
+    try:
+        with pytest.raises(DiscoveryNamespaceNotFound):
+            registry.bind(second)
+        with pytest.raises(DiscoveryNamespaceInUse) as info:
+            registry.claim(second, capacity=2, block_size=256)
+        assert info.value.namespace == second
+        registry.bind(first).close()
+    finally:
+        claim.release()
+
+
+def test_journal_replays_changes_and_reports_a_gap():
+    claim = registry.claim("journal", capacity=4, block_size=256)
+    binding = registry.bind("journal")
+    lease = binding.open_lease()
+    try:
+        start, view = binding.snapshot()
+        assert view == {}
+        a, b = worker(), worker()
+        binding.publish("worker-added", a, lease.id, lock_timeout=1)
+        binding.publish("worker-added", b, lease.id, lock_timeout=1)
+        binding.publish("worker-updated", worker(uid=a.uid, pid=3), lease.id, lock_timeout=1)
+        binding.publish("worker-dropped", b, lease.id, lock_timeout=1)
+        counter, changes = binding.changes_since(start)
+        assert counter == start + 4
+        assert [(c.kind, c.uid) for c in changes] == [
+            ("worker-added", a.uid), ("worker-added", b.uid),
+            ("worker-updated", a.uid), ("worker-dropped", b.uid),
+        ]
+        assert changes[2].metadata.pid == 3
+        for _ in range(registry.JOURNAL_LENGTH):
+            binding.publish("worker-updated", worker(uid=a.uid, pid=4), lease.id, lock_timeout=1)
+        assert binding.changes_since(start) is None  # overwritten: resynchronise instead
+        _, view = binding.snapshot()
+        assert list(view) == [a.uid] and view[a.uid].pid == 4
+    finally:
+        lease.release()
+        binding.close()
+        claim.release()
+
+
+def test_failed_sizing_removes_everything_and_a_retry_succeeds(monkeypatch, runtime_dir: Path):
+    def no_space(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "posix_fallocate", no_space)
+        with pytest.raises(OSError) as info:
+            registry.claim("full", capacity=8, block_size=1024)
+    assert info.value.errno == errno.ENOSPC
+    assert os.listdir(runtime_dir) == []
+    registry.claim("full", capacity=8, block_size=1024).release()
+    assert os.listdir(runtime_dir) == []
+
+
+def test_runtime_dir_of_another_user_is_refused(monkeypatch):
+    real_uid = os.getuid()
+    monkeypatch.setattr(os, "getuid", lambda: real_uid + 4242)
+    with pytest.raises(PermissionError, match="owned by uid"):
+        registry.claim("theirs", capacity=1, block_size=64)
+
+
+def test_runtime_dir_symlink_is_refused(tmp_path, monkeypatch):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    monkeypatch.setenv("ANYWOOL_RUNTIME_DIR", str(link))
+    with pytest.raises(PermissionError, match="symlink"):
+        registry.claim("jobs", capacity=1, block_size=64)
+    assert os.listdir(real) == []
+
+
+def test_forked_child_of_owner_removes_nothing(runtime_dir: Path):
+    claim = registry.claim("forked", capacity=1, block_size=64)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: releasing must leave the parent's namespace alone
+            try:
+                claim.release()
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert claim.path.exists()
+        binding = registry.bind("forked")  # still owned and live
+        binding.close()
+    finally:
+        claim.release()
+    assert os.listdir(runtime_dir) == []
+
+
+def test_leftovers_of_killed_claimants_are_swept(runtime_dir: Path):
+    stale_tmp = runtime_dir / f"tmp-{uuid.uuid4().hex[:16]}"
+    stale_dead = runtime_dir / f"dead-{uuid.uuid4().hex[:16]}"
+    for directory in (stale_tmp, stale_dead):
+        directory.mkdir()
+        (directory / "registry").write_bytes(b"x")
+    os.utime(stale_tmp, (0, 0))  # old enough not to be a claimant in progress
+    registry.claim("sweeper", capacity=1, block_size=64).release()
+    assert os.listdir(runtime_dir) == []
+
+
+def test_reclaim_false_names_a_dead_owner(runtime_dir: Path):
+    claim = registry.claim("dead", capacity=1, block_size=64)
+    os.close(claim.dir_fd)  # the kernel drops the owner's flock: as if it died
+    try:
+        with pytest.raises(DiscoveryNamespaceInUse) as info:
+            registry.claim("dead", capacity=1, block_size=64, reclaim=False)
+        assert info.value.owner_pid is None and "dead" in str(info.value)
+        assert info.value.path == str(claim.path)
+        successor = registry.claim("dead", capacity=1, block_size=64)
+        successor.release()
+    finally:
+        os.close(claim.registry_fd)
+    assert os.listdir(runtime_dir) == []
