@@ -1,6 +1,7 @@
 """Measure anywool (under asyncio and trio) and, when it is importable, wool (asyncio), side by side.
 
-    .venv/bin/python benchmarks/run.py [--backend asyncio|trio|both] [--calls N] [--json PATH]
+    .venv/bin/python benchmarks/run.py [--backend asyncio|trio|both] [--calls N] [--repeat R]
+                                       [--json PATH]
 
 For each framework/backend pair a fresh child process (this script, re-invoked) runs the
 measurements inside ``anyio.run(..., backend=...)`` and writes them as JSON; this process
@@ -195,8 +196,14 @@ def _child(framework: str, backend: str, calls: int, throughput_calls: int, out:
     import anyio
 
     sys.path.insert(0, str(HERE))
+    loadavg = os.getloadavg()[0]  # other work on the machine skews everything; recorded, not judged
     results = anyio.run(_measure, framework, calls, throughput_calls, backend=backend)
-    info = {"framework": framework, "backend": backend, "pid": os.getpid(), "results": results}
+    info = {
+        "framework": framework,
+        "backend": backend,
+        "loadavg": loadavg,
+        "results": results,
+    }
     if framework == "wool":
         import wool
 
@@ -248,6 +255,25 @@ def _tail(text: str, lines: int = 25) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
+def _combine(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One child's figures, or with repeats the median of each figure over the repeats."""
+    first = results[0]
+    combined: dict[str, Any] = {
+        "framework": first["framework"],
+        "backend": first["backend"],
+        "version": first["version"],
+        "loadavg": statistics.median(r["loadavg"] for r in results),
+        "repeats": results,
+        "results": {},
+    }
+    for section, figures in first["results"].items():
+        combined["results"][section] = {
+            name: statistics.median(r["results"][section][name] for r in results)
+            for name in figures
+        }
+    return combined
+
+
 def _wool_status() -> str | None:
     """None when ``import wool`` succeeds here, else why not."""
     sys.path.insert(0, str(HERE))
@@ -256,16 +282,16 @@ def _wool_status() -> str | None:
     return routines.WOOL_IMPORT_ERROR
 
 
-# (label, section, key, unit, format, higher is better)
-ROWS: list[tuple[str, str, str, str, str, bool]] = [
-    ("round trip, median", "round_trip", "median_ms", "ms", "{:.3f}", False),
-    ("round trip, p99", "round_trip", "p99_ms", "ms", "{:.3f}", False),
-    ("throughput (64 in flight)", "throughput", "calls_per_s", "calls/s", "{:,.0f}", True),
-    ("pool start (2 workers)", "pool", "start_s", "s", "{:.3f}", False),
-    ("pool first call", "pool", "first_call_s", "s", "{:.4f}", False),
-    ("pool stop", "pool", "stop_s", "s", "{:.3f}", False),
-    ("pool start+call+stop", "pool", "total_s", "s", "{:.3f}", False),
-    ("streaming, per item", "streaming", "median_us_per_item", "µs", "{:.1f}", False),
+# (label, section, key, unit, format)
+ROWS: list[tuple[str, str, str, str, str]] = [
+    ("round trip median", "round_trip", "median_ms", "ms", "{:.3f}"),
+    ("round trip p99", "round_trip", "p99_ms", "ms", "{:.3f}"),
+    ("throughput, 64 in flight", "throughput", "calls_per_s", "calls/s", "{:,.0f}"),
+    ("pool start", "pool", "start_s", "s", "{:.3f}"),
+    ("pool first call", "pool", "first_call_s", "s", "{:.3f}"),
+    ("pool stop", "pool", "stop_s", "s", "{:.3f}"),
+    ("pool start+call+stop", "pool", "total_s", "s", "{:.3f}"),
+    ("stream, per item", "streaming", "median_us_per_item", "µs", "{:.1f}"),
 ]
 
 
@@ -273,17 +299,20 @@ def _print_table(runs: dict[str, dict[str, Any]], backends: list[str], wool_note
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    table = Table(title=f"anywool vs wool — WorkerPool(spawn={SPAWN})", title_justify="left")
-    table.add_column("measure")
-    table.add_column("unit")
+    console = Console(width=max(120, Console().width))
+    table = Table(
+        title=f"WorkerPool(spawn={SPAWN})",
+        title_justify="left",
+    )
+    table.add_column("measure", no_wrap=True)
+    table.add_column("unit", no_wrap=True)
     columns = [key for key in [f"anywool-{b}" for b in backends] + ["wool-asyncio"] if key in runs]
     for key in columns:
-        table.add_column(key.replace("-", " "), justify="right")
+        table.add_column(key.replace("-", " "), justify="right", no_wrap=True)
     ratio_keys = [k for k in columns if k.startswith("anywool-")] if "wool-asyncio" in runs else []
     for key in ratio_keys:
-        table.add_column(f"{key.split('-')[1]}/wool", justify="right")
-    for label, section, field, unit, fmt, higher_better in ROWS:
+        table.add_column(f"{key.split('-')[1]}÷wool", justify="right", no_wrap=True)
+    for label, section, field, unit, fmt in ROWS:
         cells = [label, unit]
         for key in columns:
             cells.append(fmt.format(runs[key]["results"][section][field]))
@@ -295,15 +324,17 @@ def _print_table(runs: dict[str, dict[str, Any]], backends: list[str], wool_note
     console.print(table)
     if ratio_keys:
         console.print(
-            "ratio = anywool / wool: for times (ms, s, µs) < 1 means anywool is faster; "
-            "for calls/s > 1 means anywool is faster. wool runs under asyncio only."
+            "ratio = anywool ÷ wool. Times (ms, s, µs): < 1 means anywool is faster. "
+            "calls/s: > 1 means anywool is faster."
         )
     if wool_note:
         console.print(wool_note)
+    loads = ", ".join(f"{k} {v['loadavg']:.2f}" for k, v in runs.items())
     console.print(
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.system()} "
-        f"{platform.machine()}; versions: "
-        + ", ".join(f"{k} {v['version']}" for k, v in runs.items())
+        f"{platform.machine()}; "
+        + ", ".join(sorted({f"{v['framework']} {v['version']}" for v in runs.values()}))
+        + f"; median 1-min load average at start: {loads}"
     )
 
 
@@ -320,6 +351,12 @@ def main(argv: list[str] | None = None) -> int:
         default=6400,
         help=f"total calls of the throughput run (>= {MIN_THROUGHPUT_CALLS}; default 6400)",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every measurement child this many times, interleaved; report the median (default 1)",
+    )
     parser.add_argument("--child", choices=["anywool", "wool"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -327,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--calls must be at least 500")
     if args.throughput_calls < MIN_THROUGHPUT_CALLS:
         parser.error(f"--throughput-calls must be at least {MIN_THROUGHPUT_CALLS}")
+
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
 
     if args.child:
         return _child(args.child, args.backend, args.calls, args.throughput_calls, args.out)
@@ -337,21 +377,29 @@ def main(argv: list[str] | None = None) -> int:
     runtime = Path(tempfile.mkdtemp(prefix="awb-", dir="/tmp" if os.path.isdir("/tmp") else None))
     previous = os.environ.get("ANYWOOL_RUNTIME_DIR")
     os.environ["ANYWOOL_RUNTIME_DIR"] = str(runtime)
-    runs: dict[str, dict[str, Any]] = {}
+    samples: dict[str, list[dict[str, Any]]] = {}
     failures: dict[str, str] = {}
     try:
         wool_error = _wool_status()
         plan = [("anywool", b) for b in backends]
         if wool_error is None:
             plan.append(("wool", "asyncio"))
-        for framework, backend in plan:
-            key = f"{framework}-{backend}"
-            print(f"measuring {key} ...", file=sys.stderr, flush=True)
-            result, failure = _run_child(framework, backend, args.calls, args.throughput_calls, runtime)
-            if result is not None:
-                runs[key] = result
-            else:
-                failures[key] = failure or "unknown failure"
+        # Repeats go round the whole plan, so that a burst of other load on the machine does
+        # not land on one framework's figures only.
+        for repeat in range(args.repeat):
+            for framework, backend in plan:
+                key = f"{framework}-{backend}"
+                if key in failures:
+                    continue
+                print(f"measuring {key} ({repeat + 1}/{args.repeat}) ...", file=sys.stderr, flush=True)
+                result, failure = _run_child(
+                    framework, backend, args.calls, args.throughput_calls, runtime
+                )
+                if result is not None:
+                    samples.setdefault(key, []).append(result)
+                else:
+                    failures[key] = failure or "unknown failure"
+                    samples.pop(key, None)
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
         if previous is None:
@@ -359,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             os.environ["ANYWOOL_RUNTIME_DIR"] = previous
 
+    runs = {key: _combine(results) for key, results in samples.items()}
     if wool_error is not None:
         wool_note = f"wool not importable: skipped ({wool_error})"
     elif "wool-asyncio" in failures:
@@ -387,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
                 "stream_items": STREAM_ITEMS,
                 "stream_runs": STREAM_RUNS,
                 "pool_runs": POOL_RUNS,
+                "repeat": args.repeat,
             },
             "runs": runs,
             "failures": failures,
