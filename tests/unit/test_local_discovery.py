@@ -356,3 +356,19 @@ def test_subscriber_is_subscriber_like_and_pickles_with_poll_interval():
     for dumps, loads in [(pickle.dumps, pickle.loads), (cloudpickle.dumps, cloudpickle.loads)]:
         clone = loads(dumps(subscriber))
         assert clone.namespace == "jobs" and clone.poll_interval == 0.25
+
+
+async def test_concurrent_publishes_on_one_publisher_lose_nothing(namespace):
+    # One publisher shares one lock descriptor among its threads: flock alone cannot
+    # serialise them, so the publisher must.
+    with anyio.fail_after(20):
+        async with LocalDiscovery(namespace) as discovery, discovery.publisher as publisher:
+            workers = [worker() for _ in range(60)]
+            async with anyio.create_task_group() as tg:
+                for metadata in workers:
+                    tg.start_soon(publisher.publish, "worker-added", metadata)
+            async with anyio.create_task_group() as tg:
+                events = await follow(tg, discovery.subscriber)
+                got = await take(events, len(workers))
+                assert sorted(got) == sorted(("worker-added", m.uid) for m in workers)
+                tg.cancel_scope.cancel()

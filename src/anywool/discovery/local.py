@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from types import TracebackType
@@ -263,6 +264,7 @@ class LocalDiscovery(Discovery):
             self._entered = False
             self._binding: registry.Binding | None = None
             self._lease: registry.Lease | None = None
+            self._binding_lock = threading.Lock()  # concurrent publishes share one binding
 
         async def __aenter__(self) -> LocalDiscovery.Publisher:
             """Bind the namespace.
@@ -324,12 +326,14 @@ class LocalDiscovery(Discovery):
             self._binding, self._lease = binding, lease
 
         def _publish(self, type: str, metadata: WorkerMetadata) -> None:
-            if self._binding is None or not self._binding.is_live():
-                self._rebind()
-            assert self._binding is not None and self._lease is not None
-            self._binding.publish(type, metadata, self._lease.id,
-                                  lock_timeout=self.lock_timeout,
-                                  checkpoint=anyio.from_thread.check_cancelled)
+            # Held only across file-system calls that never wait on another process.
+            with self._binding_lock:
+                if self._binding is None or not self._binding.is_live():
+                    self._rebind()
+                binding, lease = self._binding, self._lease
+            assert binding is not None and lease is not None
+            binding.publish(type, metadata, lease.id, lock_timeout=self.lock_timeout,
+                            checkpoint=anyio.from_thread.check_cancelled)
 
         def _rebind(self) -> None:
             self._drop_binding()

@@ -26,6 +26,7 @@ import os
 import secrets
 import shutil
 import struct
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -141,17 +142,21 @@ def lock_with_backoff(
     timeout: float | None,
     describe: Callable[[], str],
     checkpoint: Callable[[], None] | None = None,
+    started: float | None = None,
 ) -> None:
     """Take ``flock(operation)`` by polling ``LOCK_NB`` with a 1 ms → 20 ms backoff.
 
     Never blocks in ``flock`` itself, so the calling thread can always be told to stop:
     ``checkpoint`` is called between attempts and may raise (cancellation).
 
+    :param started: ``time.monotonic()`` when the caller began waiting (default: now); the
+        timeout counts from there.
     :raises TimeoutError: not acquired within ``timeout`` seconds (``None``: wait forever).
     """
     if _try_lock(fd, operation):
         return
-    deadline = None if timeout is None else time.monotonic() + timeout
+    begun = time.monotonic() if started is None else started
+    deadline = None if timeout is None else begun + timeout
     delay = 0.001
     while True:
         if checkpoint is not None:
@@ -326,6 +331,7 @@ class Claim:
         self.registry_fd = registry_fd
         self.header = header
         self.table = Table(registry_fd, header.capacity, header.block_size)
+        self.guard = threading.Lock()
         self.pid = os.getpid()
         self._released = False
 
@@ -372,7 +378,7 @@ class Claim:
 
         :returns: the uids of the workers removed.
         """
-        with _locked(self.registry_fd, fcntl.LOCK_EX, 5.0, self.namespace):
+        with _locked(self.registry_fd, self.guard, fcntl.LOCK_EX, 5.0, self.namespace):
             slots = self.table.slots()
             leases = {entry[2] for entry in slots if entry[3] and entry[2] != _EMPTY_UID}
             dead = {lease for lease in leases if _lease_is_dead(self.path, lease)}
@@ -564,6 +570,7 @@ class Binding:
         self.registry_fd = registry_fd
         self.header = header
         self.table = Table(registry_fd, header.capacity, header.block_size)
+        self.guard = threading.Lock()  # the threads sharing registry_fd
 
     @property
     def capacity(self) -> int:
@@ -607,7 +614,7 @@ class Binding:
                  checkpoint: Callable[[], None] | None = None,
                  ) -> tuple[int, dict[UUID, WorkerMetadata]]:
         """(change counter, every registered worker), read consistently under ``LOCK_SH``."""
-        with _locked(self.registry_fd, fcntl.LOCK_SH, lock_timeout, self.namespace, checkpoint):
+        with _locked(self.registry_fd, self.guard, fcntl.LOCK_SH, lock_timeout, self.namespace, checkpoint):
             return self.table.snapshot()
 
     def changes_since(self, since: int, lock_timeout: float | None = 30.0,
@@ -619,7 +626,7 @@ class Binding:
         reaches back to ``since`` (the reader fell more than ``JOURNAL_LENGTH`` changes
         behind): take a :meth:`snapshot` instead.
         """
-        with _locked(self.registry_fd, fcntl.LOCK_SH, lock_timeout, self.namespace, checkpoint):
+        with _locked(self.registry_fd, self.guard, fcntl.LOCK_SH, lock_timeout, self.namespace, checkpoint):
             return self.table.changes_since(since)
 
     # -- writes --
@@ -641,7 +648,7 @@ class Binding:
             if len(payload) > self.header.block_size:
                 raise DiscoveryBlockExhausted(len(payload))
         uid = metadata.uid.bytes
-        with _locked(self.registry_fd, fcntl.LOCK_EX, lock_timeout, self.namespace, checkpoint):
+        with _locked(self.registry_fd, self.guard, fcntl.LOCK_EX, lock_timeout, self.namespace, checkpoint):
             slots = self.table.slots()
             index = next((i for i, entry in enumerate(slots) if entry[3] and entry[0] == uid),
                          None)
@@ -662,7 +669,7 @@ class Binding:
 
     def withdraw(self, lease: bytes, *, lock_timeout: float | None) -> int:
         """Clear every slot written under ``lease``; returns how many."""
-        with _locked(self.registry_fd, fcntl.LOCK_EX, lock_timeout, self.namespace):
+        with _locked(self.registry_fd, self.guard, fcntl.LOCK_EX, lock_timeout, self.namespace):
             slots = self.table.slots()
             indices = [i for i, entry in enumerate(slots) if entry[3] and entry[2] == lease]
             for index in indices:
@@ -739,21 +746,46 @@ def bind(namespace: str, root: Path | None = None) -> Binding:
 
 
 class _locked:
-    def __init__(self, fd: int, operation: int, timeout: float | None, namespace: str,
-                 checkpoint: Callable[[], None] | None = None) -> None:
+    """Hold the registry lock: first ``guard`` (the threads sharing this descriptor), then flock.
+
+    flock excludes open file descriptions, not threads: two threads publishing through one
+    descriptor would both "hold" it. The guard serialises them, polled like the flock so that
+    the wait stays cancellable and bounded by the same timeout.
+    """
+
+    def __init__(self, fd: int, guard: threading.Lock, operation: int, timeout: float | None,
+                 namespace: str, checkpoint: Callable[[], None] | None = None) -> None:
         self._fd = fd
         self._operation = operation
         self._timeout = timeout
         self._namespace = namespace
         self._checkpoint = checkpoint
+        self._guard = guard
+
+    def _describe(self) -> str:
+        return f"discovery namespace {self._namespace!r}"
 
     def __enter__(self) -> None:
-        lock_with_backoff(self._fd, self._operation, timeout=self._timeout,
-                          describe=lambda: f"discovery namespace {self._namespace!r}",
-                          checkpoint=self._checkpoint)
+        start = time.monotonic()
+        while not self._guard.acquire(timeout=0.02):
+            if self._checkpoint is not None:
+                self._checkpoint()
+            if self._timeout is not None and time.monotonic() - start >= self._timeout:
+                raise TimeoutError(
+                    f"{self._describe()}: lock not acquired within {self._timeout} s")
+        try:
+            lock_with_backoff(self._fd, self._operation, timeout=self._timeout,
+                              describe=self._describe, checkpoint=self._checkpoint,
+                              started=start)
+        except BaseException:
+            self._guard.release()
+            raise
 
     def __exit__(self, *exc_info: object) -> None:
-        _unlock(self._fd)
+        try:
+            _unlock(self._fd)
+        finally:
+            self._guard.release()
 
 
 def _touch_hint(path: Path) -> None:
