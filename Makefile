@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Tests mostly wait on processes and locks: three workers keep both cores busy.
+PYTEST_ARGS ?= -n 3
 
 .PHONY: demo test bench clean
 
