@@ -63,16 +63,16 @@ def _percentile(sorted_values: list[float], fraction: float) -> float:
 
 def _framework(name: str) -> tuple[Callable[[], AbstractAsyncContextManager[Any]], Any, Any]:
     """(pool factory, echo routine, stream routine) for ``name``."""
-    import routines
-
     if name == "anywool":
         import anywool
+        import routines
 
-        return (lambda: anywool.WorkerPool(spawn=SPAWN)), routines.anywool_echo, routines.anywool_stream
+        return (lambda: anywool.WorkerPool(spawn=SPAWN)), routines.echo, routines.stream
     if name == "wool":
-        if routines.wool is None:
-            raise RuntimeError(f"wool not importable: {routines.WOOL_IMPORT_ERROR}")
-        return (lambda: routines.wool.WorkerPool(spawn=SPAWN)), routines.wool_echo, routines.wool_stream
+        import wool
+        import wool_routines
+
+        return (lambda: wool.WorkerPool(spawn=SPAWN)), wool_routines.echo, wool_routines.stream
     raise ValueError(f"unknown framework {name!r}")
 
 
@@ -275,11 +275,15 @@ def _combine(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _wool_status() -> str | None:
-    """None when ``import wool`` succeeds here, else why not."""
+    """None when ``import wool`` (and so our wool routines) succeeds here, else why not."""
     sys.path.insert(0, str(HERE))
-    import routines
-
-    return routines.WOOL_IMPORT_ERROR
+    try:
+        import wool_routines  # noqa: F401
+    except ImportError as error:
+        return str(error)
+    except Exception as error:  # a broken install is reported as a skip, not raised
+        return f"{type(error).__name__}: {error}"
+    return None
 
 
 # (label, section, key, unit, format)
