@@ -98,7 +98,7 @@ class WorkerMetadata:
 
         :raises TypeError: a value in ``extra`` is not msgpack-serialisable.
         """
-        return msgpack.packb(
+        encoded = msgpack.packb(
             [
                 _CODEC_VERSION,
                 self.uid.bytes,
@@ -111,6 +111,8 @@ class WorkerMetadata:
             ],
             use_bin_type=True,
         )
+        assert isinstance(encoded, bytes)  # packb returns None only when given a stream
+        return encoded
 
     @classmethod
     def from_bytes(cls, data: bytes) -> WorkerMetadata:

@@ -23,7 +23,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.from_thread
@@ -381,6 +381,13 @@ class LocalDiscovery(Discovery):
         owner holds the namespace as the iteration starts (nothing is created).
         """
 
+        if TYPE_CHECKING:
+            # For type checkers only: construction is typed as the protocol the caller relies
+            # on, while the parameters below are still checked.
+            def __new__(
+                cls, namespace: str, *, poll_interval: float | None = None
+            ) -> DiscoverySubscriberLike: ...
+
         def __init__(self, namespace: str, *, poll_interval: float | None = None) -> None:
             self.namespace = _check_namespace(namespace)
             self.poll_interval = _check_timeout("poll_interval", poll_interval, allow_zero=False)
@@ -406,5 +413,5 @@ class LocalDiscovery(Discovery):
                     f"poll_interval={self.poll_interval!r})")
 
 
-def _make_subscriber(namespace: str, poll_interval: float | None) -> LocalDiscovery.Subscriber:
+def _make_subscriber(namespace: str, poll_interval: float | None) -> DiscoverySubscriberLike:
     return LocalDiscovery.Subscriber(namespace, poll_interval=poll_interval)
