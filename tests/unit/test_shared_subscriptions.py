@@ -1,0 +1,303 @@
+"""Shared subscriptions: one source per process and namespace, one stream per iteration."""
+
+from __future__ import annotations
+
+import gc
+from contextlib import aclosing
+import os
+import pickle
+import threading
+
+import anyio
+import pytest
+
+from anywool import DiscoveryNamespaceNotFound, LocalDiscovery, afilter
+from anywool.discovery import hub
+
+from ..helpers import follow, take, worker
+
+pytestmark = pytest.mark.anyio
+
+
+def source_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("anywool-source")]
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_concurrent_iterations_share_one_source_and_see_every_event(namespace):
+    with anyio.fail_after(20):
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            first = worker()
+            await publisher.publish("worker-added", first)
+            async with anyio.create_task_group() as tg:
+                streams = [await follow(tg, owner.subscriber) for _ in range(3)]
+                for events in streams:
+                    assert await take(events, 1) == [("worker-added", first.uid)]
+                [(binds, scans_before, consumers)] = hub.stats().values()
+                assert (binds, consumers) == (1, 3)
+                assert len(source_threads()) == 1
+                added = [worker() for _ in range(10)]
+                steps = [("worker-added", m) for m in added]
+                steps += [("worker-updated", worker(uid=m.uid, pid=1)) for m in added[:5]]
+                steps += [("worker-dropped", m) for m in added[:3]]
+                for kind, metadata in steps:
+                    await publisher.publish(kind, metadata)
+                expected = [(kind, m.uid) for kind, m in steps]
+                for events in streams:
+                    assert await take(events, len(steps)) == expected
+                [(binds, scans_after, consumers)] = hub.stats().values()
+                assert binds == 1
+                assert scans_after - scans_before <= len(steps)  # one scan per change at most
+                tg.cancel_scope.cancel()
+
+
+async def test_late_iteration_gets_current_workers_then_the_same_deltas(namespace):
+    with anyio.fail_after(20):
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            early_worker = worker()
+            await publisher.publish("worker-added", early_worker)
+            async with anyio.create_task_group() as tg:
+                early = await follow(tg, owner.subscriber)
+                assert await take(early, 1) == [("worker-added", early_worker.uid)]
+                second = worker()
+                await publisher.publish("worker-added", second)
+                assert await take(early, 1) == [("worker-added", second.uid)]
+                late = await follow(tg, owner.subscriber)
+                snapshot = await take(late, 2)
+                assert sorted(snapshot) == sorted([("worker-added", early_worker.uid),
+                                                   ("worker-added", second.uid)])
+                await publisher.publish("worker-dropped", second)
+                assert await take(early, 1) == await take(late, 1) == [("worker-dropped", second.uid)]
+                tg.cancel_scope.cancel()
+
+
+async def test_breaking_or_cancelling_one_iteration_leaves_the_others_alone(namespace):
+    with anyio.fail_after(20):
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            first = worker()
+            await publisher.publish("worker-added", first)
+            async with anyio.create_task_group() as tg:
+                survivor = await follow(tg, owner.subscriber)
+                assert await take(survivor, 1) == [("worker-added", first.uid)]
+
+                async for _ in owner.subscriber:  # break out of a second iteration
+                    break
+
+                waiting = anyio.Event()
+
+                async def cancelled_mid_receive(scope: anyio.CancelScope) -> None:
+                    with scope:
+                        async for event in owner.subscriber:
+                            if event.metadata.uid == first.uid:
+                                waiting.set()  # now blocked waiting for the next event
+
+                scope = anyio.CancelScope()
+                tg.start_soon(cancelled_mid_receive, scope)
+                await waiting.wait()
+                scope.cancel()
+                second = worker()
+                await publisher.publish("worker-added", second)
+                assert await take(survivor, 1) == [("worker-added", second.uid)]
+                tg.cancel_scope.cancel()
+
+
+async def test_a_consumer_that_stops_reading_is_resynchronised_with_the_net_change(namespace):
+    with anyio.fail_after(60):
+        async with LocalDiscovery(namespace, capacity=64) as owner, owner.publisher as publisher:
+            keep = [worker() for _ in range(10)]
+            for metadata in keep:
+                await publisher.publish("worker-added", metadata)
+            stalled = owner.subscriber.__aiter__()
+            view = {}
+            for _ in keep:
+                event = await stalled.__anext__()
+                view[event.metadata.uid] = event.metadata
+            async with anyio.create_task_group() as tg:
+                counted = 0
+                ready = anyio.Event()
+
+                async def keep_up() -> None:  # a consumer that reads everything promptly
+                    nonlocal counted
+                    async for _ in owner.subscriber:
+                        counted += 1
+                        if counted == len(keep):
+                            ready.set()
+
+                tg.start_soon(keep_up)
+                await ready.wait()
+                changes = 0
+                final = {m.uid: m for m in keep}
+                while changes < 10_000:  # churn while the stalled consumer sleeps
+                    transient = worker()
+                    await publisher.publish("worker-added", transient)
+                    await publisher.publish("worker-dropped", transient)
+                    updated = worker(uid=keep[changes % 10].uid, pid=changes)
+                    await publisher.publish("worker-updated", updated)
+                    final[updated.uid] = updated
+                    changes += 3
+                [source] = hub._hub.sources.values()
+                assert all(c.queued <= hub.CONSUMER_BUFFER for c in source.consumers)
+                # The stalled consumer catches up with the net change and nothing else.
+                caught_up = 0
+                while set(view) != set(final) or not all(
+                    view[u].same_as(m) for u, m in final.items()
+                ):
+                    event = await stalled.__anext__()
+                    caught_up += 1
+                    if event.type == "worker-dropped":
+                        view.pop(event.metadata.uid)
+                    else:
+                        view[event.metadata.uid] = event.metadata
+                assert caught_up < changes
+                tg.cancel_scope.cancel()
+            await stalled.aclose()
+
+
+async def test_iterations_started_together_on_a_missing_namespace_all_raise(namespace, runtime_dir):
+    with anyio.fail_after(20):
+        outcomes: list[str] = []
+
+        async def iterate() -> None:
+            try:
+                async for _ in LocalDiscovery.Subscriber(namespace):
+                    outcomes.append("event")
+            except DiscoveryNamespaceNotFound:
+                outcomes.append("not-found")
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(iterate)
+        assert outcomes == ["not-found"] * 5
+        assert os.listdir(runtime_dir) == []
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            metadata = worker()
+            await publisher.publish("worker-added", metadata)
+            async for event in LocalDiscovery.Subscriber(namespace):
+                assert event.metadata.uid == metadata.uid
+                break
+
+
+async def test_the_last_iteration_stops_the_source_and_nothing_is_left(namespace):
+    async def cycle(name: str) -> None:
+        async with LocalDiscovery(name) as owner, owner.publisher as publisher:
+            await publisher.publish("worker-added", worker())
+            # aclosing: the iteration ends (and the source with it) when the block exits,
+            # not whenever the event loop gets round to finalizing an abandoned generator.
+            async with aclosing(owner.subscriber.__aiter__()) as events:
+                async for _ in events:
+                    break
+            assert hub.stats() == {} and source_threads() == []
+
+    with anyio.fail_after(60):
+        await cycle(namespace)  # warm up: worker threads, imports
+        gc.collect()
+        threads, fds = len(source_threads()), open_fds()
+        assert threads == 0
+        for index in range(500):
+            await cycle(f"{namespace}-{index}")
+        gc.collect()
+        assert hub.stats() == {}
+        assert source_threads() == []
+        assert open_fds() == fds
+
+
+def test_consumers_on_two_event_loops_share_the_source(namespace):
+    outcomes: dict[str, list] = {}
+    attached = threading.Barrier(3, timeout=20)
+    published = threading.Event()
+    first, second = worker(), worker()
+
+    def consume(backend: str) -> None:
+        async def main() -> None:
+            seen = []
+            async for event in LocalDiscovery.Subscriber(namespace):
+                seen.append((event.type, event.metadata.uid))
+                if len(seen) == 1:
+                    await anyio.to_thread.run_sync(attached.wait)
+                if len(seen) == 2:
+                    break
+            outcomes[backend] = seen
+
+        anyio.run(main, backend=backend)
+
+    async def own() -> None:
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            await publisher.publish("worker-added", first)
+            threads = [threading.Thread(target=consume, args=(b,)) for b in ("asyncio", "trio")]
+            for thread in threads:
+                thread.start()
+            await anyio.to_thread.run_sync(attached.wait)
+            [(binds, _, consumers)] = hub.stats().values()
+            assert (binds, consumers) == (1, 2)
+            await publisher.publish("worker-added", second)
+            for thread in threads:
+                await anyio.to_thread.run_sync(thread.join, 20)
+            assert hub.stats() == {}
+
+    anyio.run(own)
+    expected = [("worker-added", first.uid), ("worker-added", second.uid)]
+    assert outcomes == {"asyncio": expected, "trio": expected}
+
+
+def test_a_consumer_whose_loop_ended_is_dropped(namespace):
+    kept: list = []
+
+    def abandon(backend: str) -> None:
+        async def main() -> None:
+            iterator = LocalDiscovery.Subscriber(namespace).__aiter__()
+            kept.append(iterator)  # never closed by us: the loop's shutdown must handle it
+            await iterator.__anext__()
+
+        anyio.run(main, backend=backend)
+
+    async def own() -> None:
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            await publisher.publish("worker-added", worker())
+            for backend in ("asyncio", "trio"):
+                thread = threading.Thread(target=abandon, args=(backend,))
+                thread.start()
+                await anyio.to_thread.run_sync(thread.join, 20)
+                assert hub.stats() == {}
+            await publisher.publish("worker-added", worker())  # nobody left to deliver to
+
+    anyio.run(own)
+    assert len(kept) == 2
+
+
+async def test_afilter_tracks_entry_and_exit_of_the_predicate(namespace):
+    def tagged(metadata) -> bool:
+        return "gpu" in metadata.tags
+
+    with anyio.fail_after(20):
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            plain, gpu = worker(), worker(tags={"gpu"})
+            await publisher.publish("worker-added", plain)
+            await publisher.publish("worker-added", gpu)
+            async with anyio.create_task_group() as tg:
+                events = await follow(tg, owner.subscribe(tagged))
+                assert await take(events, 1) == [("worker-added", gpu.uid)]
+                await publisher.publish("worker-updated", worker(uid=plain.uid, tags={"gpu"}))
+                assert await take(events, 1) == [("worker-added", plain.uid)]
+                await publisher.publish("worker-updated", worker(uid=gpu.uid, tags={"gpu", "x"}))
+                assert await take(events, 1) == [("worker-updated", gpu.uid)]
+                await publisher.publish("worker-updated", worker(uid=gpu.uid, tags=set()))
+                event = await events.receive()
+                assert event.type == "worker-dropped" and event.metadata.tags == {"gpu", "x"}
+                await publisher.publish("worker-dropped", gpu)  # never re-admitted: nothing
+                await publisher.publish("worker-dropped", plain)
+                assert await take(events, 1) == [("worker-dropped", plain.uid)]
+                tg.cancel_scope.cancel()
+
+
+def _has_gpu(metadata) -> bool:
+    return "gpu" in metadata.tags
+
+
+def test_afilter_pickles_with_its_predicate():
+    filtered = afilter(_has_gpu, LocalDiscovery.Subscriber("jobs", poll_interval=0.5))
+    clone = pickle.loads(pickle.dumps(filtered))
+    assert clone.predicate is _has_gpu
+    assert clone.subscriber.poll_interval == 0.5
