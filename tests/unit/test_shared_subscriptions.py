@@ -301,3 +301,13 @@ def test_afilter_pickles_with_its_predicate():
     clone = pickle.loads(pickle.dumps(filtered))
     assert clone.predicate is _has_gpu
     assert clone.subscriber.poll_interval == 0.5
+
+
+async def test_closing_a_filtered_iteration_releases_the_source_at_once(namespace):
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            await publisher.publish("worker-added", worker(tags={"gpu"}))
+            async with aclosing(owner.subscribe(_has_gpu).__aiter__()) as events:
+                async for _ in events:
+                    break
+            assert hub.stats() == {} and source_threads() == []

@@ -41,16 +41,30 @@ class afilter:
 
     async def _iterate(self) -> AsyncIterator[DiscoveryEvent]:
         admitted: dict[UUID, WorkerMetadata] = {}
-        async for event in self.subscriber:
-            uid = event.metadata.uid
-            known = admitted.get(uid)
-            if event.type != "worker-dropped" and self.predicate(event.metadata):
-                admitted[uid] = event.metadata
-                yield DiscoveryEvent("worker-added" if known is None else "worker-updated",
-                                     event.metadata)
-            elif known is not None:
-                del admitted[uid]
-                yield DiscoveryEvent("worker-dropped", known)
+        events = self.subscriber.__aiter__()
+        try:
+            async for event in events:
+                for filtered in self._admit(admitted, event):
+                    yield filtered
+        finally:
+            # Close the inner iteration now, not when it is garbage collected, so that closing
+            # this one releases the underlying source at once.
+            aclose = getattr(events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def _admit(self, admitted: dict[UUID, WorkerMetadata],
+               event: DiscoveryEvent) -> list[DiscoveryEvent]:
+        uid = event.metadata.uid
+        known = admitted.get(uid)
+        if event.type != "worker-dropped" and self.predicate(event.metadata):
+            admitted[uid] = event.metadata
+            return [DiscoveryEvent("worker-added" if known is None else "worker-updated",
+                                   event.metadata)]
+        if known is not None:
+            del admitted[uid]
+            return [DiscoveryEvent("worker-dropped", known)]
+        return []
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (afilter, (self.predicate, self.subscriber))
