@@ -1,0 +1,749 @@
+"""Measure LocalDiscovery of anywool (under asyncio and trio) and, when importable, of wool (asyncio).
+
+    .venv/bin/python benchmarks/discovery.py [--backend asyncio|trio|both] [--repeat R]
+                                             [--json PATH] [--idle SECONDS] [...]
+
+As in ``run.py``, every framework/backend pair runs in a fresh child process (this script,
+re-invoked) that measures inside ``anyio.run(..., backend=...)`` and writes JSON; this process
+prints one table. Propagation needs a second process: the child owns the namespace and publishes,
+and spawns a *helper* (this script again) that subscribes. Measurement only: nothing is asserted.
+
+Measured (latencies as median and p99, nearest rank):
+
+* claim + release: ``async with LocalDiscovery(ns): pass`` on fresh namespaces (wool: ``with``);
+* publish: ``await publisher.publish("worker-updated", metadata)`` on an entered publisher;
+* propagation: publish in the child, a subscriber in the helper process yields the event; the
+  publisher stamps ``CLOCK_MONOTONIC`` (system-wide on Linux) into ``extra["t"]`` just before
+  publishing, the helper subtracts it from its own reading on receipt;
+* snapshot at N workers: from starting ``async for`` on a new subscriber until all N
+  ``worker-added`` events arrived;
+* single change at N workers: a live subscriber (same process) holds N workers; from just before
+  publishing one ``worker-updated`` until the subscriber yields that event;
+* shared subscriptions (anywool only): propagation to 4 and 16 concurrent iterations of one
+  namespace in the helper (latency until the last of them has the event), then the helper's CPU
+  time, and its source thread's, over ``--idle`` seconds with nothing changing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+from uuid import UUID, uuid4
+
+HERE = Path(__file__).resolve().parent
+WORKER_COUNTS = (1, 16, 64, 128)
+SHARED_CONSUMERS = (4, 16)  # 1 consumer is the propagation measurement itself
+WAIT_TIMEOUT = 10.0  # seconds to wait for any one event before the run is failed
+CLAIM_WARMUP = 10
+PUBLISH_WARMUP = 50
+PROPAGATION_WARMUP = 20
+SNAPSHOT_WARMUP = 3
+CHANGE_WARMUP = 10
+CHANGE_SETTLE = 0.002  # untimed pause between change samples: the subscriber finishes its batch
+CHILD_TIMEOUT = 900.0
+
+
+def _now_ns() -> int:
+    """CLOCK_MONOTONIC: one clock for every process on the machine (Linux)."""
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def _percentile(sorted_values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile of already sorted values."""
+    rank = max(1, math.ceil(fraction * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def _summary(samples_ns: list[int]) -> dict[str, Any]:
+    ms = sorted(ns / 1e6 for ns in samples_ns)
+    return {
+        "samples": len(ms),
+        "median_ms": statistics.median(ms),
+        "p99_ms": _percentile(ms, 0.99),
+        "min_ms": ms[0],
+        "max_ms": ms[-1],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The two frameworks behind one small interface
+# ---------------------------------------------------------------------------------------------
+
+
+class _Anywool:
+    name = "anywool"
+
+    def __init__(self) -> None:
+        import anywool
+
+        self._m = anywool
+        self.version = anywool.__version__
+
+    def owner(self, namespace: str) -> Any:
+        return self._m.LocalDiscovery(namespace)
+
+    def subscriber(self, namespace: str) -> Any:
+        return self._m.LocalDiscovery.Subscriber(namespace, poll_interval=None)
+
+    def metadata(self, uid: UUID, i: int, t: int) -> Any:
+        return self._m.WorkerMetadata(
+            uid=uid, address="unix:/tmp/bench-worker", pid=os.getpid(), version=self.version,
+            extra={"i": str(i), "t": str(t)},
+        )
+
+
+class _Wool:
+    name = "wool"
+
+    def __init__(self) -> None:
+        from types import MappingProxyType
+
+        import wool
+
+        self._m = wool
+        self._proxy = MappingProxyType
+        self.version = getattr(wool, "__version__", "unknown")
+
+    def owner(self, namespace: str) -> Any:
+        # wool's LocalDiscovery is a synchronous context manager (create-or-attach).
+        @asynccontextmanager
+        async def entered() -> AsyncIterator[Any]:
+            with self._m.LocalDiscovery(namespace) as discovery:
+                yield discovery
+
+        return entered()
+
+    def subscriber(self, namespace: str) -> Any:
+        # poll_interval=None: woken by its watchdog observer only, never by a timer.
+        return self._m.LocalDiscovery.Subscriber(namespace, poll_interval=None)
+
+    def metadata(self, uid: UUID, i: int, t: int) -> Any:
+        # wool's protobuf carries extra as map<string, string>; anywool gets the same strings.
+        return self._m.WorkerMetadata(
+            uid=uid, address="unix:/tmp/bench-worker", pid=os.getpid(), version=self.version,
+            extra=self._proxy({"i": str(i), "t": str(t)}),
+        )
+
+
+def _api(framework: str) -> Any:
+    return _Anywool() if framework == "anywool" else _Wool()
+
+
+def _namespace(what: str) -> str:
+    return f"bench-{what}-{uuid4().hex[:12]}"
+
+
+async def _close(iterator: Any) -> None:
+    import anyio
+
+    with anyio.CancelScope(shield=True):
+        await iterator.aclose()
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurements in the child (owner and publisher)
+# ---------------------------------------------------------------------------------------------
+
+
+async def _claim(api: Any, samples: int) -> dict[str, Any]:
+    clock = time.perf_counter_ns
+    timings: list[int] = []
+    for n in range(CLAIM_WARMUP + samples):
+        namespace = _namespace("claim")
+        start = clock()
+        async with api.owner(namespace):
+            pass
+        elapsed = clock() - start
+        if n >= CLAIM_WARMUP:
+            timings.append(elapsed)
+    return _summary(timings)
+
+
+async def _publish(api: Any, samples: int) -> dict[str, Any]:
+    clock = time.perf_counter_ns
+    timings: list[int] = []
+    namespace = _namespace("publish")
+    uid = uuid4()
+    async with api.owner(namespace) as discovery, discovery.publisher as publisher:
+        await publisher.publish("worker-added", api.metadata(uid, -1, 0))
+        for n in range(PUBLISH_WARMUP + samples):
+            metadata = api.metadata(uid, n, 0)
+            start = clock()
+            await publisher.publish("worker-updated", metadata)
+            elapsed = clock() - start
+            if n >= PUBLISH_WARMUP:
+                timings.append(elapsed)
+    return _summary(timings)
+
+
+async def _propagation(
+    api: Any, backend: str, samples: int, consumers: int, idle: float
+) -> dict[str, Any]:
+    """Publish here, subscribe in a helper process; its figures come back as its last line."""
+    import anyio
+    from anyio.streams.buffered import BufferedByteReceiveStream
+
+    namespace = _namespace("propagation")
+    uid = uuid4()
+    command = [
+        sys.executable, str(Path(__file__).resolve()),
+        "--helper", api.name, "--backend", backend, "--namespace", namespace,
+        "--consumers", str(consumers), "--samples", str(samples), "--idle", str(idle),
+    ]
+    async with api.owner(namespace) as discovery, discovery.publisher as publisher:
+        await publisher.publish("worker-added", api.metadata(uid, -1, 0))
+        process = await anyio.open_process(command, stderr=None)
+        try:
+            assert process.stdout is not None
+            lines = BufferedByteReceiveStream(process.stdout)
+
+            async def line(timeout: float = WAIT_TIMEOUT) -> str:
+                with anyio.fail_after(timeout):
+                    return (await lines.receive_until(b"\n", 1 << 20)).decode()
+
+            ready = await line(60.0)  # the helper imports its framework first
+            if ready != "ready":
+                raise RuntimeError(f"helper said {ready!r}, expected 'ready'")
+            for n in range(PROPAGATION_WARMUP + samples):
+                metadata = api.metadata(uid, n, _now_ns())
+                await publisher.publish("worker-updated", metadata)
+                ack = await line()
+                if ack != f"ack {n}":
+                    raise RuntimeError(f"helper said {ack!r}, expected 'ack {n}'")
+            result = json.loads(await line(idle + 30.0))
+            with anyio.fail_after(30.0):
+                status = await process.wait()
+            if status != 0:
+                raise RuntimeError(f"helper exited with status {status}")
+        finally:
+            if process.returncode is None:
+                process.kill()
+                with anyio.CancelScope(shield=True):
+                    await process.wait()
+            await process.aclose()
+    return result
+
+
+async def _snapshot(api: Any, workers: int, samples: int) -> dict[str, Any]:
+    import anyio
+
+    clock = time.perf_counter_ns
+    timings: list[int] = []
+    namespace = _namespace("snapshot")
+    async with api.owner(namespace) as discovery, discovery.publisher as publisher:
+        for _ in range(workers):
+            await publisher.publish("worker-added", api.metadata(uuid4(), -1, 0))
+        for n in range(SNAPSHOT_WARMUP + samples):
+            subscriber = api.subscriber(namespace)
+            start = clock()
+            iterator = aiter(subscriber)
+            try:
+                added = 0
+                with anyio.fail_after(WAIT_TIMEOUT):
+                    while added < workers:
+                        event = await anext(iterator)
+                        if event.type == "worker-added":
+                            added += 1
+                elapsed = clock() - start
+            finally:
+                await _close(iterator)  # untimed: the source stops, so the next one is fresh
+            if n >= SNAPSHOT_WARMUP:
+                timings.append(elapsed)
+    return _summary(timings)
+
+
+async def _change(api: Any, workers: int, samples: int) -> dict[str, Any]:
+    import anyio
+
+    namespace = _namespace("change")
+    uids = [uuid4() for _ in range(workers)]
+    latencies: list[int] = []
+    state: dict[str, Any] = {"expect": None, "latency": None, "done": anyio.Event()}
+    ready = anyio.Event()
+
+    async def subscribe() -> None:
+        iterator = aiter(api.subscriber(namespace))
+        seen = 0
+        try:
+            while True:
+                event = await anext(iterator)
+                received = _now_ns()
+                if event.type == "worker-added":
+                    seen += 1
+                    if seen == workers:
+                        ready.set()
+                elif event.type == "worker-updated":
+                    extra = event.metadata.extra
+                    if int(extra["i"]) == state["expect"] and not state["done"].is_set():
+                        state["latency"] = received - int(extra["t"])
+                        state["done"].set()
+        finally:
+            await _close(iterator)
+
+    async with api.owner(namespace) as discovery, discovery.publisher as publisher:
+        for uid in uids:
+            await publisher.publish("worker-added", api.metadata(uid, -1, 0))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(subscribe)
+            with anyio.fail_after(WAIT_TIMEOUT):
+                await ready.wait()
+            for n in range(CHANGE_WARMUP + samples):
+                state["expect"], state["done"] = n, anyio.Event()
+                # Rotate over the workers: wool yields its scan in set order, so the changed
+                # worker's position in the batch varies as it would in use.
+                metadata = api.metadata(uids[n % workers], n, _now_ns())
+                await publisher.publish("worker-updated", metadata)
+                with anyio.fail_after(WAIT_TIMEOUT):
+                    await state["done"].wait()
+                if n >= CHANGE_WARMUP:
+                    latencies.append(state["latency"])
+                await anyio.sleep(CHANGE_SETTLE)
+            tg.cancel_scope.cancel()
+    return _summary(latencies)
+
+
+async def _measure(framework: str, backend: str, args: argparse.Namespace) -> dict[str, Any]:
+    api = _api(framework)
+    results: dict[str, Any] = {}
+    results["claim"] = await _claim(api, args.claims)
+    results["publish"] = await _publish(api, args.publishes)
+    results["propagation"] = await _propagation(api, backend, args.propagations, 1, 0.0)
+    if framework == "anywool":
+        for consumers in SHARED_CONSUMERS:
+            idle = args.idle if consumers == SHARED_CONSUMERS[-1] else 0.0
+            shared = await _propagation(api, backend, args.propagations, consumers, idle)
+            results[f"shared_{consumers}"] = shared
+            if idle:
+                results["idle"] = shared.pop("idle")
+    for workers in WORKER_COUNTS:
+        results[f"snapshot_{workers}"] = await _snapshot(api, workers, args.snapshots)
+    for workers in WORKER_COUNTS:
+        results[f"change_{workers}"] = await _change(api, workers, args.changes)
+    return results
+
+
+def _child(args: argparse.Namespace) -> int:
+    import anyio
+
+    loadavg = os.getloadavg()[0]  # other work on the machine skews everything; recorded, not judged
+    results = anyio.run(_measure, args.child, args.backend, args, backend=args.backend)
+    info: dict[str, Any] = {
+        "framework": args.child,
+        "backend": args.backend,
+        "loadavg": loadavg,
+        "version": _api(args.child).version,
+        "results": results,
+    }
+    if args.child == "wool":
+        from importlib.metadata import version
+
+        info["watchdog"] = version("watchdog")
+    Path(args.out).write_text(json.dumps(info))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The helper process: subscribers for propagation
+# ---------------------------------------------------------------------------------------------
+
+
+def _thread_cpu_s(native_id: int) -> float:
+    """CPU time (user + system) of one thread of this process, from /proc."""
+    stat = Path(f"/proc/self/task/{native_id}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _helper_main(args: argparse.Namespace) -> None:
+    import anyio
+
+    api = _api(args.helper)
+    consumers = args.consumers
+    total = PROPAGATION_WARMUP + args.samples
+    arrivals: dict[int, dict[int, int]] = {}
+    latencies: list[int] = []
+    ready_count = 0
+    all_ready = anyio.Event()
+    finished = anyio.Event()
+    late_events = 0  # events seen while idle (there should be none)
+    idling = False
+
+    def say(text: str) -> None:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+    async def consume(k: int) -> None:
+        nonlocal ready_count, late_events
+        iterator = aiter(api.subscriber(args.namespace))
+        announced = False
+        try:
+            while True:
+                event = await anext(iterator)
+                received = _now_ns()
+                if idling:
+                    late_events += 1
+                if event.type == "worker-added" and not announced:
+                    announced = True
+                    ready_count += 1
+                    if ready_count == consumers:
+                        all_ready.set()
+                elif event.type == "worker-updated":
+                    extra = event.metadata.extra
+                    n = int(extra["i"])
+                    if n < 0:
+                        continue
+                    seen = arrivals.setdefault(n, {})
+                    if k in seen:
+                        continue  # a repeated scan (wool re-yields unchanged workers)
+                    seen[k] = received
+                    if len(seen) == consumers:
+                        if n >= PROPAGATION_WARMUP:
+                            latencies.append(max(seen.values()) - int(extra["t"]))
+                        del arrivals[n]
+                        say(f"ack {n}")
+                        if n == total - 1:
+                            finished.set()
+        finally:
+            await _close(iterator)
+
+    async with anyio.create_task_group() as tg:
+        for k in range(consumers):
+            tg.start_soon(consume, k)
+        await all_ready.wait()
+        say("ready")
+        await finished.wait()
+        result: dict[str, Any] = {"consumers": consumers, **_summary(latencies)}
+        if args.idle > 0:
+            sources = [t for t in threading.enumerate() if t.name.startswith("anywool-source-")]
+            idling = True
+            cpu0 = time.process_time()
+            src0 = [_thread_cpu_s(t.native_id) for t in sources if t.native_id]
+            wall0 = time.monotonic()
+            await anyio.sleep(args.idle)
+            wall = time.monotonic() - wall0
+            cpu = time.process_time() - cpu0
+            src = [_thread_cpu_s(t.native_id) for t in sources if t.native_id]
+            result["idle"] = {
+                "seconds": wall,
+                "consumers": consumers,
+                "process_cpu_ms": cpu * 1e3,
+                "source_threads": len(sources),
+                "source_cpu_ms": sum(src) * 1e3 - sum(src0) * 1e3 if sources else None,
+                "events": late_events,
+            }
+        tg.cancel_scope.cancel()
+    say(json.dumps(result))
+
+
+def _helper(args: argparse.Namespace) -> int:
+    import anyio
+
+    anyio.run(_helper_main, args, backend=args.backend)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Orchestration (the parent process)
+# ---------------------------------------------------------------------------------------------
+
+
+def _tail(text: str, lines: int = 25) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _run_child(
+    framework: str, backend: str, args: argparse.Namespace, scratch: Path
+) -> tuple[dict[str, Any] | None, str | None]:
+    out = scratch / f"{framework}-{backend}.json"
+    out.unlink(missing_ok=True)
+    command = [
+        sys.executable, str(Path(__file__).resolve()),
+        "--child", framework, "--backend", backend, "--out", str(out),
+        "--claims", str(args.claims), "--publishes", str(args.publishes),
+        "--propagations", str(args.propagations), "--snapshots", str(args.snapshots),
+        "--changes", str(args.changes), "--idle", str(args.idle),
+    ]
+    # A session of its own, so a hung child and its helper can be ended together.
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=CHILD_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        return None, f"timed out after {CHILD_TIMEOUT:.0f} s\n{_tail(stderr)}"
+    if process.returncode != 0 or not out.exists():
+        return None, f"exit status {process.returncode}\n{_tail(stderr or stdout)}"
+    return json.loads(out.read_text()), None
+
+
+def _combine(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each figure over the repeats, with its min and max."""
+    first = results[0]
+    combined: dict[str, Any] = {
+        key: first[key] for key in ("framework", "backend", "version", "watchdog") if key in first
+    }
+    combined["loadavg"] = [r["loadavg"] for r in results]
+    combined["repeats"] = results
+    combined["results"] = {}
+    combined["spread"] = {}
+    for section, figures in first["results"].items():
+        combined["results"][section] = {}
+        combined["spread"][section] = {}
+        for name, value in figures.items():
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            values = [r["results"][section][name] for r in results]
+            combined["results"][section][name] = statistics.median(values)
+            combined["spread"][section][name] = [min(values), max(values)]
+    return combined
+
+
+def _wool_status() -> str | None:
+    try:
+        import wool  # noqa: F401
+    except ImportError as error:
+        return str(error)
+    except Exception as error:  # a broken install is reported as a skip, not raised
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def _rows() -> list[tuple[str, str, str]]:
+    """(label, section, field) of every table row; all in ms except the idle CPU."""
+    rows = [
+        ("claim + release median", "claim", "median_ms"),
+        ("claim + release p99", "claim", "p99_ms"),
+        ("publish median", "publish", "median_ms"),
+        ("publish p99", "publish", "p99_ms"),
+        ("propagation median", "propagation", "median_ms"),
+        ("propagation p99", "propagation", "p99_ms"),
+    ]
+    for n in WORKER_COUNTS:
+        rows += [(f"snapshot {n} median", f"snapshot_{n}", "median_ms"),
+                 (f"snapshot {n} p99", f"snapshot_{n}", "p99_ms")]
+    for n in WORKER_COUNTS:
+        rows += [(f"change @{n} median", f"change_{n}", "median_ms"),
+                 (f"change @{n} p99", f"change_{n}", "p99_ms")]
+    for k in SHARED_CONSUMERS:
+        rows += [(f"shared ×{k} median", f"shared_{k}", "median_ms"),
+                 (f"shared ×{k} p99", f"shared_{k}", "p99_ms")]
+    rows += [("idle CPU, process", "idle", "process_cpu_ms"),
+             ("idle CPU, source thread", "idle", "source_cpu_ms")]
+    return rows
+
+
+# (label, section, field, the largest anywool ÷ wool ratio the project aims for)
+TARGETS = [
+    ("propagation median", "propagation", "median_ms", 1.0),
+    ("single change @128 median", "change_128", "median_ms", 0.2),
+    ("snapshot 128 median", "snapshot_128", "median_ms", 0.5),
+]
+
+
+def _figure(run: dict[str, Any], section: str, field: str, where: str = "results") -> Any:
+    return run.get(where, {}).get(section, {}).get(field)
+
+
+def _print_tables(runs: dict[str, dict[str, Any]], backends: list[str], args: argparse.Namespace,
+                  wool_note: str | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(120, Console().width))
+    columns = [k for k in [f"anywool-{b}" for b in backends] + ["wool-asyncio"] if k in runs]
+    ratio_keys = [k for k in columns if k.startswith("anywool-")] if "wool-asyncio" in runs else []
+    table = Table(title="LocalDiscovery, ms", title_justify="left")
+    table.add_column("measure", no_wrap=True)
+    for key in columns:
+        table.add_column(key.replace("-", " "), justify="right", no_wrap=True)
+    for key in ratio_keys:
+        table.add_column(f"{key.split('-')[1]}÷wool", justify="right", no_wrap=True)
+    for label, section, field in _rows():
+        if not any(_figure(runs[k], section, field) is not None for k in columns):
+            continue
+        cells = [label]
+        for key in columns:
+            value = _figure(runs[key], section, field)
+            cells.append("–" if value is None else f"{value:.3f}")
+        for key in ratio_keys:
+            ours = _figure(runs[key], section, field)
+            theirs = _figure(runs["wool-asyncio"], section, field)
+            cells.append(f"{ours / theirs:.2f}" if ours is not None and theirs else "–")
+        table.add_row(*cells)
+    console.print(table)
+
+    if args.repeat > 1:
+        spread = Table(title=f"Spread over {args.repeat} interleaved repeats (min–max, ms)",
+                       title_justify="left")
+        spread.add_column("measure", no_wrap=True)
+        for key in columns:
+            spread.add_column(key.replace("-", " "), justify="right", no_wrap=True)
+        for label, section, field in _rows():
+            if not any(_figure(runs[k], section, field) is not None for k in columns):
+                continue
+            cells = [label]
+            for key in columns:
+                value = _figure(runs[key], section, field, "spread")
+                cells.append("–" if value is None else f"{value[0]:.3f}–{value[1]:.3f}")
+            spread.add_row(*cells)
+        console.print(spread)
+
+    if ratio_keys:
+        targets = Table(title="Targets (anywool ÷ wool, medians)", title_justify="left")
+        targets.add_column("target", no_wrap=True)
+        for key in ratio_keys:
+            targets.add_column(key.replace("-", " "), justify="right", no_wrap=True)
+        for label, section, field, limit in TARGETS:
+            cells = [f"{label} ≤ {limit:g}×"]
+            for key in ratio_keys:
+                ours = _figure(runs[key], section, field)
+                theirs = _figure(runs["wool-asyncio"], section, field)
+                if ours is None or not theirs:
+                    cells.append("–")
+                else:
+                    ratio = ours / theirs
+                    cells.append(f"{ratio:.2f} {'met' if ratio <= limit else 'MISSED'}")
+            targets.add_row(*cells)
+        console.print(targets)
+        console.print("ratio = anywool ÷ wool: below 1 means anywool is faster.")
+    if any(_figure(runs[k], "idle", "process_cpu_ms") is not None for k in columns):
+        idle = next(runs[k]["results"]["idle"] for k in columns if "idle" in runs[k]["results"])
+        console.print(f"idle CPU: ms of CPU time used over {idle['seconds']:.0f} s with "
+                      f"{idle['consumers']:.0f} consumers attached and nothing changing")
+    if wool_note:
+        console.print(wool_note)
+    versions = sorted({f"{v['framework']} {v['version']}" for v in runs.values()})
+    if "wool-asyncio" in runs and "watchdog" in runs["wool-asyncio"]:
+        versions.append(f"watchdog {runs['wool-asyncio']['watchdog']}")
+    loads = ", ".join(f"{k} " + "/".join(f"{x:.1f}" for x in v["loadavg"]) for k, v in runs.items())
+    console.print(
+        f"{os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.system()} "
+        f"{platform.machine()}; " + ", ".join(versions) + f"; 1-min load average at start: {loads}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", choices=["asyncio", "trio", "both"], default="both")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run every child this many times, interleaved; report medians (default 1)")
+    parser.add_argument("--json", metavar="PATH", help="also write all figures to PATH as JSON")
+    parser.add_argument("--claims", type=int, default=300, help="claim + release samples (>= 200)")
+    parser.add_argument("--publishes", type=int, default=1000, help="publish samples (>= 1000)")
+    parser.add_argument("--propagations", type=int, default=300,
+                        help="propagation samples per consumer count (>= 300)")
+    parser.add_argument("--snapshots", type=int, default=100,
+                        help="fresh-subscriber snapshots per worker count (default 100)")
+    parser.add_argument("--changes", type=int, default=200,
+                        help="single changes per worker count (default 200)")
+    parser.add_argument("--idle", type=float, default=10.0,
+                        help="seconds of idle CPU measurement, anywool only (default 10; 0 skips)")
+    parser.add_argument("--child", choices=["anywool", "wool"], help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--helper", choices=["anywool", "wool"], help=argparse.SUPPRESS)
+    parser.add_argument("--namespace", help=argparse.SUPPRESS)
+    parser.add_argument("--consumers", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--samples", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.helper:
+        return _helper(args)
+    if args.child:
+        return _child(args)
+    for name, least in (("claims", 200), ("publishes", 1000), ("propagations", 300),
+                        ("snapshots", 10), ("changes", 10), ("repeat", 1)):
+        if getattr(args, name) < least:
+            parser.error(f"--{name} must be at least {least}")
+    if args.idle < 0:
+        parser.error("--idle must not be negative")
+
+    backends = ["asyncio", "trio"] if args.backend == "both" else [args.backend]
+    # A private runtime directory for this run: anywool's namespaces (ANYWOOL_RUNTIME_DIR) and
+    # wool's lock and notification files (TMPDIR) live there. wool's shared memory lives in
+    # /dev/shm; its owners and publishers unlink what they created on exit.
+    runtime = Path(tempfile.mkdtemp(prefix="awd-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    saved = {name: os.environ.get(name) for name in ("ANYWOOL_RUNTIME_DIR", "TMPDIR")}
+    samples: dict[str, list[dict[str, Any]]] = {}
+    failures: dict[str, str] = {}
+    try:
+        wool_error = _wool_status()
+        (runtime / "tmp").mkdir()
+        os.environ["ANYWOOL_RUNTIME_DIR"] = str(runtime / "ns")
+        os.environ["TMPDIR"] = str(runtime / "tmp")
+        plan = [("anywool", b) for b in backends]
+        if wool_error is None:
+            plan.append(("wool", "asyncio"))
+        # Repeats go round the whole plan, so a burst of other load does not land on one column.
+        for repeat in range(args.repeat):
+            for framework, backend in plan:
+                key = f"{framework}-{backend}"
+                if key in failures:
+                    continue
+                print(f"measuring {key} ({repeat + 1}/{args.repeat}) ...", file=sys.stderr, flush=True)
+                result, failure = _run_child(framework, backend, args, runtime)
+                if result is not None:
+                    samples.setdefault(key, []).append(result)
+                else:
+                    failures[key] = failure or "unknown failure"
+                    samples.pop(key, None)
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+    runs = {key: _combine(results) for key, results in samples.items()}
+    if wool_error is not None:
+        wool_note = f"wool not importable: skipped ({wool_error})"
+    elif "wool-asyncio" in failures:
+        wool_note = "wool failed: skipped (see above)"
+    else:
+        wool_note = None
+    for key, failure in failures.items():
+        print(f"{key} failed: {failure}", file=sys.stderr)
+    if runs:
+        _print_tables(runs, backends, args, wool_note)
+    elif wool_note:
+        print(wool_note)
+    if args.json:
+        document = {
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "platform": platform.platform(),
+            },
+            "settings": {
+                name: getattr(args, name)
+                for name in ("claims", "publishes", "propagations", "snapshots", "changes",
+                             "idle", "repeat")
+            } | {"worker_counts": list(WORKER_COUNTS), "shared_consumers": list(SHARED_CONSUMERS),
+                 "change_settle_s": CHANGE_SETTLE},
+            "runs": runs,
+            "failures": failures,
+            "wool": "measured" if "wool-asyncio" in runs else (wool_note or "skipped"),
+        }
+        Path(args.json).write_text(json.dumps(document, indent=2) + "\n")
+    return 1 if any(k.startswith("anywool-") for k in failures) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
