@@ -22,6 +22,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py $(ARGS)
+	$(BIN)/python benchmarks/discovery.py $(ARGS)
 
 clean:
 	rm -rf $(VENV)
