@@ -661,7 +661,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--namespace", help=argparse.SUPPRESS)
     parser.add_argument("--consumers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--samples", type=int, default=0, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    # `make bench` passes one ARGS to run.py and to this script: ignore run.py's own options.
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        print(f"discovery.py: ignoring options it does not take: {' '.join(unknown)}",
+              file=sys.stderr)
 
     if args.helper:
         return _helper(args)
