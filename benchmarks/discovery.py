@@ -55,6 +55,7 @@ PROPAGATION_WARMUP = 20
 SNAPSHOT_WARMUP = 3
 CHANGE_WARMUP = 10
 CHANGE_SETTLE = 0.002  # untimed pause between change samples: the subscriber finishes its batch
+SNAPSHOT_SETTLE = 0.002  # untimed pause between snapshots: the closed subscription is torn down
 CHILD_TIMEOUT = 900.0
 
 
@@ -244,6 +245,7 @@ async def _snapshot(api: Any, workers: int, samples: int) -> dict[str, Any]:
 
     clock = time.perf_counter_ns
     timings: list[int] = []
+    threads = threading.active_count()  # the most seen between samples: a leak would show
     namespace = _namespace("snapshot")
     async with api.owner(namespace) as discovery, discovery.publisher as publisher:
         for _ in range(workers):
@@ -262,9 +264,15 @@ async def _snapshot(api: Any, workers: int, samples: int) -> dict[str, Any]:
                 elapsed = clock() - start
             finally:
                 await _close(iterator)  # untimed: the source stops, so the next one is fresh
+            # Untimed: let the loop run. wool closes its raw subscription (watchdog observer
+            # thread and inotify instance) in a task of asyncio's async-generator finalizer;
+            # without a pass of the loop here, 100 samples hold 100 observers and reach the
+            # per-user inotify limit (128 by default).
+            await anyio.sleep(SNAPSHOT_SETTLE)
+            threads = max(threads, threading.active_count())
             if n >= SNAPSHOT_WARMUP:
                 timings.append(elapsed)
-    return _summary(timings)
+    return {**_summary(timings), "threads_max": threads}
 
 
 async def _change(api: Any, workers: int, samples: int) -> dict[str, Any]:
@@ -363,10 +371,14 @@ def _child(args: argparse.Namespace) -> int:
 
 
 def _thread_cpu_s(native_id: int) -> float:
-    """CPU time (user + system) of one thread of this process, from /proc."""
-    stat = Path(f"/proc/self/task/{native_id}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU time of one thread of this process: schedstat (ns) if present, else stat (ticks)."""
+    task = Path(f"/proc/self/task/{native_id}")
+    try:
+        return int((task / "schedstat").read_text().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        stat = (task / "stat").read_text()
+        fields = stat[stat.rindex(")") + 2:].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _helper_main(args: argparse.Namespace) -> None:
