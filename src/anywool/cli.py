@@ -21,7 +21,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from anywool._demo import Tally, hash_file, regular_files, sha256_of
-from anywool._runtime_dir import runtime_dir
 from anywool.runtime.pool import WorkerPool
 
 __all__ = ["main"]
@@ -53,23 +52,27 @@ def demo(path: Path | None, workers: int | None, backend: str, concurrency: int 
     skip = frozenset() if path else frozenset({"site-packages", "dist-packages", "__pycache__"})
     count = workers or os.cpu_count() or 1
     in_flight = concurrency or 8 * count
+    if not (root.is_dir() or root.is_file()):
+        raise click.BadParameter(f"{root} is neither a directory nor a regular file",
+                                 param_hint="PATH")
     console = Console()
-    before = sorted(os.listdir(runtime_dir()))
     files = list(regular_files(root, skip))
     console.print(f"hashing {len(files)} files under [bold]{root}[/] on {count} workers "
                   f"({backend})")
-    tally, elapsed = anyio.run(partial(_hash_all, files, count, in_flight, console),
+    created: list[Path] = []
+    tally, elapsed = anyio.run(partial(_hash_all, files, count, in_flight, console, created),
                                backend=backend)
     _report(console, tally, elapsed)
-    after = sorted(os.listdir(runtime_dir()))
-    if after != before:
-        raise click.ClickException(f"the runtime directory changed: {before} -> {after}")
+    # Other programs may use the runtime directory meanwhile: check only what this run made.
+    left = [str(path) for path in created if path.exists()]
+    if left:
+        raise click.ClickException(f"the pool left files behind: {left}")
     if tally.mismatched:
         raise click.ClickException(f"{len(tally.mismatched)} digests did not match")
 
 
-async def _hash_all(files: list[str], workers: int, in_flight: int,
-                    console: Console) -> tuple[Tally, float]:
+async def _hash_all(files: list[str], workers: int, in_flight: int, console: Console,
+                    created: list[Path]) -> tuple[Tally, float]:
     tally = Tally()
     send, receive = anyio.create_memory_object_stream[str](in_flight)
     progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
@@ -93,7 +96,9 @@ async def _hash_all(files: list[str], workers: int, in_flight: int,
                     tally.record(result, expected)
                 progress.advance(task_id)  # type: ignore[arg-type]
 
-    async with WorkerPool(spawn=workers):
+    async with WorkerPool(spawn=workers) as pool:
+        created.append(Path(pool.discovery.path))
+        created.extend(Path(w.metadata.address.removeprefix("unix:")) for w in pool.workers)
         started = time.perf_counter()
         with progress:
             task_id = progress.add_task("hashing", total=len(files))

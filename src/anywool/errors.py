@@ -18,6 +18,7 @@ __all__ = [
     "DiscoveryNamespaceNotFound",
     "DiscoveryWorkerNotFound",
     "NoWorkersAvailable",
+    "PayloadTooLarge",
     "RoutineCancelled",
     "WoolError",
     "WorkerError",
@@ -165,3 +166,22 @@ class RoutineCancelled(WoolError):
 
     def __str__(self) -> str:
         return f"routine {self.routine} was cancelled on worker {self.address}"
+
+
+class PayloadTooLarge(WoolError):
+    """A call's arguments, or a routine's result, pickle to more than one frame can carry.
+
+    :param what: what was too large, in words (e.g. ``"the call to mod.fn"``).
+    :param size: its pickled size in bytes.
+    :param limit: the largest payload a frame carries, in bytes.
+    """
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        super().__init__(what, size, limit)
+        self.what = what
+        self.size = size
+        self.limit = limit
+
+    def __str__(self) -> str:
+        return (f"{self.what} pickles to {self.size} bytes, over the {self.limit}-byte limit "
+                "of one frame; pass a path or a handle to the data instead")

@@ -86,7 +86,7 @@ async def test_fresh_namespace_when_none_given():
             assert a.namespace != b.namespace
 
 
-@pytest.mark.parametrize("name", ["a/b", "..", ".", "x" * 10_000, "naïve ☃", "nul\0byte", "/"])
+@pytest.mark.parametrize("name", ["", "a/b", "..", ".", "x" * 10_000, "naïve ☃", "nul\0byte", "/"])
 async def test_any_namespace_string_works(name, runtime_dir: Path):
     with anyio.fail_after(10):
         async with LocalDiscovery(name) as discovery:

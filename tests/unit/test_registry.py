@@ -151,3 +151,17 @@ def test_reclaim_false_names_a_dead_owner(runtime_dir: Path):
     finally:
         os.close(claim.registry_fd)
     assert os.listdir(runtime_dir) == []
+
+
+def test_dead_generations_of_other_namespaces_are_swept(runtime_dir: Path):
+    # A SIGKILLed pool's random namespace is never claimed again: the next claim of any
+    # namespace removes it once its owner's lock is free.
+    abandoned = registry.claim("abandoned", capacity=1, block_size=64)
+    os.close(abandoned.dir_fd)  # as if the owner died
+    os.close(abandoned.registry_fd)
+    live = registry.claim("live", capacity=1, block_size=64)
+    try:
+        registry.claim("other", capacity=1, block_size=64).release()
+        assert os.listdir(runtime_dir) == [live.path.name]
+    finally:
+        live.release()

@@ -72,8 +72,6 @@ def _check_timeout(name: str, value: object, *, allow_zero: bool) -> float | Non
 def _check_namespace(namespace: object) -> str:
     if not isinstance(namespace, str):
         raise TypeError(f"namespace must be a str, got {namespace!r}")
-    if not namespace:
-        raise ValueError("namespace must not be empty")
     return namespace
 
 
@@ -157,6 +155,11 @@ class LocalDiscovery(Discovery):
     @property
     def block_size(self) -> int:
         return self._block_size
+
+    @property
+    def claimed(self) -> bool:
+        """Whether this instance currently owns its namespace (entered and not yet exited)."""
+        return self._claim is not None
 
     @property
     def path(self) -> str | None:

@@ -413,8 +413,8 @@ def claim(namespace: str, *, capacity: int, block_size: int, reclaim: bool = Tru
         is left behind.
     """
     root = root or runtime_dir()
-    _sweep_leftovers(root)
     target = namespace_path(namespace, root)
+    _sweep_leftovers(root, keep=target)
     tmp = root / f"tmp-{secrets.token_hex(8)}"
     os.mkdir(tmp, 0o700)
     dir_fd = registry_fd = None
@@ -526,15 +526,21 @@ def _remove_generation(root: Path, path: Path) -> None:
     shutil.rmtree(dead, ignore_errors=True)
 
 
-def _sweep_leftovers(root: Path) -> None:
-    """Remove ``tmp-*`` and ``dead-*`` directories whose creator died (their lock is free)."""
+def _sweep_leftovers(root: Path, keep: Path) -> None:
+    """Remove what dead processes left behind: ``tmp-*`` and ``dead-*`` directories of killed
+    claimants, and generations (``ns-*``) whose owner died, e.g. the random namespace of a
+    SIGKILLed pool that nobody will ever claim again. ``keep`` (the namespace being claimed) is
+    left to the claim's own reclaim logic, which honours ``reclaim=False``.
+
+    A lock that can be taken proves its holder is gone; anything locked is left alone.
+    """
     try:
         names = os.listdir(root)
     except FileNotFoundError:
         return
     now = time.time()
     for name in names:
-        if not (name.startswith("tmp-") or name.startswith("dead-")):
+        if not name.startswith(("tmp-", "dead-", "ns-")) or name == keep.name:
             continue
         path = root / name
         try:
@@ -546,7 +552,17 @@ def _sweep_leftovers(root: Path) -> None:
             # A claimant locks its tmp directory right after mkdir: spare very young ones.
             if name.startswith("tmp-") and now - info.st_mtime < 1.0:
                 continue
-            if _try_lock(fd, fcntl.LOCK_EX):
+            if not _try_lock(fd, fcntl.LOCK_EX):
+                continue
+            try:
+                current = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if (current.st_dev, current.st_ino) != (info.st_dev, info.st_ino):
+                continue  # replaced meanwhile by someone else's generation
+            if name.startswith("ns-"):
+                _remove_generation(root, path)
+            else:
                 shutil.rmtree(path, ignore_errors=True)
         finally:
             os.close(fd)

@@ -23,9 +23,16 @@ import anyio
 from anyio.abc import ByteStream, TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from anywool.errors import WorkerError
+from anywool.errors import PayloadTooLarge, WorkerError
 from anywool.runtime import serializer
-from anywool.runtime.wire import DEFAULT_MAX_FRAME_SIZE, Frame, FrameError, FrameStream, Kind
+from anywool.runtime.wire import (
+    DEFAULT_MAX_FRAME_SIZE,
+    Frame,
+    FrameError,
+    FrameStream,
+    Kind,
+    payload_limit,
+)
 
 __all__ = ["CallNotDelivered", "WorkerConnection", "connect_stream", "drive_stream"]
 
@@ -170,6 +177,9 @@ class WorkerConnection:
     async def _open(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
         """Register a call, send its CALL frame and wait for the worker's answer to it."""
         payload = serializer.dumps((fn, args, kwargs))
+        if len(payload) > payload_limit(self._max_frame_size):
+            raise PayloadTooLarge(f"the call to {getattr(fn, '__qualname__', fn)!s}",
+                                  len(payload), payload_limit(self._max_frame_size))
         if self._failure is not None or self._frames is None:
             raise CallNotDelivered(self.address, self._failure or "not connected")
         call_id = next(self._ids)
@@ -182,7 +192,13 @@ class WorkerConnection:
             except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
                 self._fail(f"connection failed: {exc!r}")
                 raise CallNotDelivered(self.address, f"could not send the call: {exc!r}") from exc
-            first = await call.next_frame()
+            try:
+                first = await call.next_frame()
+            except WorkerError as exc:
+                # No ACK: the worker writes it before running anything, and a stream delivers
+                # what was written before it closed, so the routine never started.
+                raise CallNotDelivered(self.address, f"closed before accepting: {exc.reason}") \
+                    from None
             if first.kind == Kind.NACK:
                 call.finished = True
                 raise CallNotDelivered(self.address, "the worker refused the call (it is stopping)")
@@ -201,7 +217,8 @@ class WorkerConnection:
             broken; the routine did not run.
         :raises WorkerError: the connection was lost while the call was in flight.
         :raises ~anywool.errors.RoutineCancelled: the routine was cancelled on the worker.
-        :raises FrameError: the pickled call exceeds the maximum frame size; nothing was sent.
+        :raises ~anywool.errors.PayloadTooLarge: the pickled call exceeds what one frame carries
+            (about 64 MiB by default); nothing was sent.
         :raises Exception: whatever the routine raised, rebuilt in this process.
 
         Cancellation: sends a cancel frame, waits up to ``cancel_timeout`` seconds (shielded) for

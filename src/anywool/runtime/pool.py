@@ -42,6 +42,12 @@ def _is_bare_subscriber(obj: object) -> bool:
     return isinstance(obj, DiscoverySubscriberLike) and not isinstance(obj, DiscoveryLike)
 
 
+def _taken_as_is(obj: object) -> bool:
+    # A bare subscriber is consumed, never entered; a discovery its caller already entered
+    # (e.g. ``async with LocalDiscovery(ns) as d: WorkerPool(discovery=d)``) stays the caller's.
+    return _is_bare_subscriber(obj) or getattr(obj, "claimed", False) is True
+
+
 def _check_seconds(name: str, value: object, *, allow_zero: bool = True) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, got {value!r}")
@@ -68,7 +74,9 @@ class WorkerPool:
     ============  =====================================  =========================================
 
     ``discovery`` may be given in any Factory form (see :mod:`anywool.runtime.resolve`); a bare
-    subscriber is always taken as it is, never entered. The resolved object is classified once:
+    subscriber is always taken as it is, never entered, and so is a discovery that is already
+    entered (``claimed`` is true, e.g. the ``d`` of ``async with LocalDiscovery(ns) as d``): its
+    owner stays whoever entered it, and the pool only publishes into it and reads from it. The resolved object is classified once:
     ``DiscoveryLike`` first, then ``DiscoverySubscriberLike``.
 
     :param spawn: number of local workers to start (``int`` ≥ 1), or ``None`` (see the table).
@@ -124,11 +132,22 @@ class WorkerPool:
         self._stack: AsyncExitStack | None = None
         self._workers: list[LocalWorker] = []
         self._proxy: WorkerProxy | None = None
+        self._resolved: Any = None
 
     @property
     def workers(self) -> list[LocalWorker]:
         """The workers this pool spawned (empty when it spawns none)."""
         return list(self._workers)
+
+    @property
+    def discovery(self) -> Any:
+        """The discovery the pool resolved on entry (a DiscoveryLike or a bare subscriber).
+
+        :raises RuntimeError: the pool is not entered.
+        """
+        if self._proxy is None:
+            raise RuntimeError("the WorkerPool is not entered")
+        return self._resolved
 
     @property
     def proxy(self) -> WorkerProxy:
@@ -176,7 +195,7 @@ class WorkerPool:
             from anywool.discovery.local import LocalDiscovery
 
             factory = LocalDiscovery()
-        discovery = await resolve(factory, stack, is_value=_is_bare_subscriber)
+        discovery = self._resolved = await resolve(factory, stack, is_value=_taken_as_is)
         owned: DiscoveryLike | None = None
         if isinstance(discovery, DiscoveryLike):
             owned = discovery

@@ -83,6 +83,15 @@ class FrameError(WoolError):
         return f"malformed frame stream: {self.reason}"
 
 
+# The msgpack envelope around a payload: array, kind, call id (up to 9 bytes), bin32 header.
+ENVELOPE_OVERHEAD = 16
+
+
+def payload_limit(max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> int:
+    """The largest payload (bytes) that always fits a frame of ``max_frame_size`` bytes."""
+    return max_frame_size - ENVELOPE_OVERHEAD
+
+
 def encode(frame: Frame, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
     """The wire bytes of ``frame`` (header included).
 
@@ -132,6 +141,7 @@ class FrameStream:
         self._receive = BufferedByteReceiveStream(receive_stream)
         self._max = max_frame_size
         self._send_lock = anyio.Lock()
+        self.send_timeout = 30.0
 
     @property
     def max_frame_size(self) -> int:
@@ -144,12 +154,21 @@ class FrameStream:
         :raises anyio.BrokenResourceError: the peer is gone.
         :raises anyio.ClosedResourceError: the stream was closed locally.
 
-        Cancellation: a cancelled send may have written part of a frame, which breaks the
-        stream; callers treat the stream as unusable after a cancelled send.
+        Cancellation: waiting for the send lock is cancellable; once writing starts the frame is
+        written whole (shielded, for at most ``send_timeout`` seconds, after which the stream is
+        closed and ``BrokenResourceError`` raised), so a cancelled sender never corrupts it.
         """
         data = encode(frame, self._max)
         async with self._send_lock:
-            await self._send_stream.send(data)
+            # Shielded: a frame cut short by a cancelled sender would corrupt the stream for
+            # every other call on it. Bounded: a peer that stops reading breaks the stream.
+            with anyio.CancelScope(shield=True) as scope:
+                scope.deadline = anyio.current_time() + self.send_timeout
+                await self._send_stream.send(data)
+            if scope.cancelled_caught:
+                await anyio.aclose_forcefully(self._send_stream)
+                raise anyio.BrokenResourceError(
+                    f"the peer read nothing for {self.send_timeout} s; the stream was closed")
 
     async def receive(self) -> Frame:
         """Read the next frame.

@@ -34,7 +34,7 @@ import signal
 import sys
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +43,10 @@ from anyio.abc import ByteStream, Listener, TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
 from anywool._runtime_dir import runtime_dir
-from anywool.errors import RoutineCancelled
+from anywool.errors import PayloadTooLarge, RoutineCancelled
 from anywool.runtime import serializer
 from anywool.runtime.routine import routine_body
-from anywool.runtime.wire import Frame, FrameError, FrameStream, Kind
+from anywool.runtime.wire import Frame, FrameError, FrameStream, Kind, payload_limit
 
 __all__ = ["SYS_PATH_ENV", "main", "unix_socket_path"]
 
@@ -59,6 +59,8 @@ _SUN_PATH_MAX = 103 if sys.platform == "darwin" or "bsd" in sys.platform else 10
 
 # How long a cancelled call may take to tell its client it was cancelled.
 _REPLY_TIMEOUT = 1.0
+# Seconds a stopping worker waits for its clients to hang up after it half-closed.
+_LINGER = 2.0
 
 
 def unix_socket_path() -> tuple[Path, Path | None]:
@@ -138,10 +140,38 @@ class _Worker:
     def __init__(self, address: str) -> None:
         self.address = address
         self.stop = _Stop()
+        self.connections: set[ByteStream] = set()
+        self._connections_changed = anyio.Event()
 
     # -- connections ---------------------------------------------------------------------------
 
+    async def close_connections(self, linger: float) -> None:
+        """Half-close every connection, then wait up to ``linger`` seconds for clients to go.
+
+        A client reads end-of-stream, so calls it sent that were never acknowledged fail as
+        "not delivered" (safe to retry elsewhere); meanwhile this side keeps reading, so it
+        never closes with unread data, which would reset the stream and could destroy replies
+        the client has not read yet.
+        """
+        for stream in list(self.connections):
+            try:
+                await stream.send_eof()
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                pass
+        with anyio.move_on_after(linger):
+            while self.connections:
+                await self._connections_changed.wait()
+
     async def handle(self, stream: ByteStream) -> None:
+        self.connections.add(stream)
+        try:
+            await self._handle(stream)
+        finally:
+            self.connections.discard(stream)
+            self._connections_changed.set()
+            self._connections_changed = anyio.Event()
+
+    async def _handle(self, stream: ByteStream) -> None:
         frames = FrameStream(stream, stream)
         calls: dict[int, _ServerCall] = {}
         async with stream, anyio.create_task_group() as tg:
@@ -162,7 +192,7 @@ class _Worker:
     ) -> None:
         if frame.kind == Kind.CALL:
             if self.stop.draining or frame.call_id in calls:
-                tg.start_soon(frames.send, Frame(Kind.NACK, frame.call_id))
+                tg.start_soon(_refuse, frames, frame.call_id)
                 return
             call = _ServerCall(frame.call_id)
             calls[call.id] = call
@@ -272,14 +302,18 @@ class _Worker:
     # -- replies -------------------------------------------------------------------------------
 
     async def _reply_value(self, frames: FrameStream, call: _ServerCall, value: object) -> bool:
+        error: Exception
         try:
-            await frames.send(Frame(Kind.RESULT, call.id, serializer.dumps(value)))
-            return True
-        except FrameError as exc:
-            error: Exception = exc
+            payload = serializer.dumps(value)
         except Exception as exc:
             error = TypeError(f"the value produced by {call.name} cannot be pickled: {exc}")
             error.__cause__ = exc
+        else:
+            limit = payload_limit(frames.max_frame_size)
+            if len(payload) <= limit:
+                await frames.send(Frame(Kind.RESULT, call.id, payload))
+                return True
+            error = PayloadTooLarge(f"the value produced by {call.name}", len(payload), limit)
         await self._reply_exception(frames, call, error)
         return False
 
@@ -339,6 +373,20 @@ async def _open_listener(address: str | None) -> tuple[Listener[Any], str, Path 
     return tcp, f"{bound_host}:{bound_port}", None, None
 
 
+async def _refuse(frames: FrameStream, call_id: int) -> None:
+    try:
+        await frames.send(Frame(Kind.NACK, call_id))
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        pass  # half-closed or gone: the client reads end-of-stream, "not delivered", instead
+
+
+async def _accept(scope: anyio.CancelScope, listener: Listener[Any],
+                  handler: Callable[[Any], Awaitable[None]], handlers: TaskGroup) -> None:
+    # Handlers run in ``handlers``, so cancelling ``scope`` stops accepting, nothing else.
+    with scope:
+        await listener.serve(handler, task_group=handlers)
+
+
 async def serve(address: str | None = None) -> None:
     """Listen, announce the address on stdout, serve until stopped, clean up."""
     listener, announced, path, private = await _open_listener(address)
@@ -348,13 +396,17 @@ async def serve(address: str | None = None) -> None:
             main_tg.start_soon(worker.watch_stdin)
             main_tg.start_soon(worker.watch_signals)
             async with anyio.create_task_group() as serving:
-                serving.start_soon(listener.serve, worker.handle)
+                accepting = anyio.CancelScope()
+                serving.start_soon(_accept, accepting, listener, worker.handle, serving)
                 sys.stdout.write(announced + "\n")
                 sys.stdout.flush()
                 os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # later output → stderr
                 await worker.stop.requested.wait()
                 worker.stop.draining = True
                 await worker.stop.drain()
+                accepting.cancel()
+                if worker.stop.grace != 0:
+                    await worker.close_connections(_LINGER)
                 serving.cancel_scope.cancel()
             main_tg.cancel_scope.cancel()
     finally:
