@@ -18,7 +18,6 @@ lives in :mod:`anywool.discovery.hub`.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import uuid
 from collections.abc import AsyncIterator
@@ -30,6 +29,7 @@ import anyio.from_thread
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
+from anywool import _validate
 from anywool.discovery import hub, registry
 from anywool.discovery.filter import afilter
 from anywool.discovery.protocols import (
@@ -48,25 +48,6 @@ __all__ = ["LocalDiscovery"]
 log = logging.getLogger(__name__)
 
 _TEARDOWN_TIMEOUT = 10.0
-
-
-def _check_size(name: str, value: object, upper: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if not 1 <= value <= upper:
-        raise ValueError(f"{name} must be between 1 and {upper}, got {value!r}")
-    return value
-
-
-def _check_timeout(name: str, value: object, *, allow_zero: bool) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds or None, got {value!r}")
-    if math.isnan(value) or value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be {bound} seconds or None, got {value!r}")
-    return float(value)
 
 
 def _check_namespace(namespace: object) -> str:
@@ -123,22 +104,19 @@ class LocalDiscovery(Discovery):
         if filter is not None and not callable(filter):
             raise TypeError(f"filter must be callable or None, got {filter!r}")
         self._filter = filter
-        self._capacity = _check_size("capacity", capacity, registry.MAX_CAPACITY)
-        self._block_size = _check_size("block_size", block_size, registry.MAX_BLOCK_SIZE)
+        self._capacity = _validate.count("capacity", capacity, upper=registry.MAX_CAPACITY)
+        self._block_size = _validate.count("block_size", block_size, upper=registry.MAX_BLOCK_SIZE)
         if capacity * block_size > registry.MAX_REGISTRY_BYTES:
             raise ValueError(
                 f"capacity * block_size must be at most {registry.MAX_REGISTRY_BYTES} bytes, "
                 f"got {capacity} * {block_size}"
             )
-        self._lock_timeout = _check_timeout("lock_timeout", lock_timeout, allow_zero=True)
+        self._lock_timeout = _validate.seconds("lock_timeout", lock_timeout, allow_zero=True, optional=True)
         if not isinstance(reclaim, bool):
             raise TypeError(f"reclaim must be a bool, got {reclaim!r}")
         self._reclaim = reclaim
-        self._poll_interval = _check_timeout("poll_interval", poll_interval, allow_zero=False)
-        interval = _check_timeout("reap_interval", reap_interval, allow_zero=False)
-        if interval is None:
-            raise TypeError("reap_interval must be a number of seconds, got None")
-        self._reap_interval = interval
+        self._poll_interval = _validate.seconds("poll_interval", poll_interval, allow_zero=False, optional=True)
+        self._reap_interval = _validate.duration("reap_interval", reap_interval, allow_zero=False)
         self._entered = False
         self._claim: registry.Claim | None = None
         self._task_group: TaskGroup | None = None
@@ -263,7 +241,7 @@ class LocalDiscovery(Discovery):
 
         def __init__(self, namespace: str, *, lock_timeout: float | None = 30.0) -> None:
             self.namespace = _check_namespace(namespace)
-            self.lock_timeout = _check_timeout("lock_timeout", lock_timeout, allow_zero=True)
+            self.lock_timeout = _validate.seconds("lock_timeout", lock_timeout, allow_zero=True, optional=True)
             self._entered = False
             self._binding: registry.Binding | None = None
             self._lease: registry.Lease | None = None
@@ -393,7 +371,7 @@ class LocalDiscovery(Discovery):
 
         def __init__(self, namespace: str, *, poll_interval: float | None = None) -> None:
             self.namespace = _check_namespace(namespace)
-            self.poll_interval = _check_timeout("poll_interval", poll_interval, allow_zero=False)
+            self.poll_interval = _validate.seconds("poll_interval", poll_interval, allow_zero=False, optional=True)
 
         def __aiter__(self) -> AsyncIterator[DiscoveryEvent]:
             interval = hub.DEFAULT_POLL_INTERVAL if self.poll_interval is None \

@@ -26,6 +26,7 @@ import anyio
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from anywool import _validate
 from anywool.errors import WorkerError
 from anywool.metadata import WorkerMetadata
 from anywool.runtime.worker import SYS_PATH_ENV
@@ -87,22 +88,13 @@ class LocalWorker:
         startup_timeout: float = 30.0,
         shutdown_timeout: float = 10.0,
     ) -> None:
-        if backend not in (None, "asyncio", "trio"):
-            raise ValueError(f"backend must be None, 'asyncio' or 'trio', got {backend!r}")
-        if isinstance(tags, str):
-            raise TypeError(f"tags must be an iterable of str, not a str: {tags!r}")
-        for name, value in (("startup_timeout", startup_timeout), ("shutdown_timeout", shutdown_timeout)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} must be a number of seconds, got {value!r}")
-        if startup_timeout <= 0:
-            raise ValueError(f"startup_timeout must be > 0, got {startup_timeout}")
-        if shutdown_timeout < 0:
-            raise ValueError(f"shutdown_timeout must be >= 0, got {shutdown_timeout}")
-        self._backend = backend
-        self._tags = frozenset(tags)
+        self._backend = _validate.backend(backend)
+        self._tags = _validate.tag_set("tags", tags)
         self._extra = dict(extra or {})
-        self._startup_timeout = float(startup_timeout)
-        self._shutdown_timeout = float(shutdown_timeout)
+        self._startup_timeout = _validate.duration("startup_timeout", startup_timeout,
+                                                   allow_zero=False)
+        self._shutdown_timeout = _validate.duration("shutdown_timeout", shutdown_timeout,
+                                                    allow_zero=True)
         self._entered = False
         self._process: Process | None = None
         self._metadata: WorkerMetadata | None = None

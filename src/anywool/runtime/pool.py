@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from anywool import _validate
 from anywool.discovery.protocols import DiscoveryLike, DiscoveryPublisherLike, DiscoverySubscriberLike
 from anywool.runtime.loadbalancer import LoadBalancerLike
 from anywool.runtime.local_worker import LocalWorker, current_backend
@@ -46,14 +47,6 @@ def _taken_as_is(obj: object) -> bool:
     # A bare subscriber is consumed, never entered; a discovery its caller already entered
     # (e.g. ``async with LocalDiscovery(ns) as d: WorkerPool(discovery=d)``) stays the caller's.
     return _is_bare_subscriber(obj) or getattr(obj, "claimed", False) is True
-
-
-def _check_seconds(name: str, value: object, *, allow_zero: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
-    return float(value)
 
 
 class WorkerPool:
@@ -115,19 +108,15 @@ class WorkerPool:
         shutdown_timeout: float = 10.0,
         announce_timeout: float = 5.0,
     ) -> None:
-        if isinstance(tags, str):
-            raise TypeError(f"tags must be an iterable of str, not a str: {tags!r}")
-        if backend not in (None, "asyncio", "trio"):
-            raise ValueError(f"backend must be None, 'asyncio' or 'trio', got {backend!r}")
         self._spawn = spawn
         self._discovery = discovery
-        self._tags = frozenset(tags)
-        self._backend = backend
+        self._tags = _validate.tag_set("tags", tags)
+        self._backend = _validate.backend(backend)
         self._loadbalancer = loadbalancer
-        self._quorum_timeout = _check_seconds("quorum_timeout", quorum_timeout)
-        self._startup_timeout = _check_seconds("startup_timeout", startup_timeout, allow_zero=False)
-        self._shutdown_timeout = _check_seconds("shutdown_timeout", shutdown_timeout)
-        self._announce_timeout = _check_seconds("announce_timeout", announce_timeout)
+        self._quorum_timeout = _validate.duration("quorum_timeout", quorum_timeout, allow_zero=True)
+        self._startup_timeout = _validate.duration("startup_timeout", startup_timeout, allow_zero=False)
+        self._shutdown_timeout = _validate.duration("shutdown_timeout", shutdown_timeout, allow_zero=True)
+        self._announce_timeout = _validate.duration("announce_timeout", announce_timeout, allow_zero=True)
         self._entered = False
         self._stack: AsyncExitStack | None = None
         self._workers: list[LocalWorker] = []

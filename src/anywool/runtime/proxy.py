@@ -24,6 +24,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from anywool.discovery.protocols import DiscoveryEvent, DiscoverySubscriberLike
+from anywool import _validate
 from anywool.errors import NoWorkersAvailable, WorkerError
 from anywool.metadata import WorkerMetadata
 from anywool.runtime.connection import WorkerConnection, _Call, drive_stream
@@ -84,23 +85,14 @@ class WorkerProxy:
             loadbalancer = RoundRobinLoadBalancer()
         elif not isinstance(loadbalancer, LoadBalancerLike):
             raise TypeError(f"loadbalancer must be a LoadBalancerLike, got {loadbalancer!r}")
-        if isinstance(tags, str):
-            raise TypeError(f"tags must be an iterable of str, not a str: {tags!r}")
-        for name, value, low in (
-            ("quorum_timeout", quorum_timeout, 0.0),
-            ("connect_timeout", connect_timeout, None),
-            ("cancel_timeout", cancel_timeout, None),
-        ):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} must be a number of seconds, got {value!r}")
-            if (low is None and value <= 0) or (low is not None and value < low):
-                raise ValueError(f"{name} must be {'>= 0' if low is not None else '> 0'}, got {value}")
         self._discovery = discovery
         self._balancer = loadbalancer
-        self._tags = None if tags is None else frozenset(tags)
-        self._quorum_timeout = float(quorum_timeout)
-        self._connect_timeout = float(connect_timeout)
-        self._cancel_timeout = float(cancel_timeout)
+        self._tags = None if tags is None else _validate.tag_set("tags", tags)
+        self._quorum_timeout = _validate.duration("quorum_timeout", quorum_timeout, allow_zero=True)
+        self._connect_timeout = _validate.duration("connect_timeout", connect_timeout,
+                                                   allow_zero=False)
+        self._cancel_timeout = _validate.duration("cancel_timeout", cancel_timeout,
+                                                  allow_zero=False)
         self._entered = False
         self._active = False
         self._task_group: TaskGroup | None = None
