@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import anyio
@@ -231,3 +232,38 @@ async def test_sigkilled_publishers_workers_are_reaped(namespace):
                 assert await take(events, 2) == [("worker-added", replacement.uid),
                                                  ("worker-dropped", replacement.uid)]
                 tg.cancel_scope.cancel()
+
+
+SCRIPT = """
+import os, sys, anyio, anywool
+sys.path.insert(0, sys.argv[2])          # a directory only this script knows about
+import private_routines
+
+@anywool.routine
+async def where() -> tuple:
+    return os.getpid(), os.getcwd()
+
+async def main():
+    async with anywool.WorkerPool(spawn=1):
+        pid, cwd = await where()                     # defined in __main__: pickled by value
+        print(pid != os.getpid(), cwd == os.getcwd(), await private_routines.triple(5))
+
+anyio.run(main, backend=sys.argv[1])
+"""
+
+
+async def test_routines_from_main_scripts_and_private_paths_run_on_workers(tmp_path, anyio_backend):
+    (tmp_path / "script.py").write_text(SCRIPT)
+    library = tmp_path / "lib"
+    library.mkdir()
+    (library / "private_routines.py").write_text(
+        "import anywool\n\n@anywool.routine\nasync def triple(x):\n    return 3 * x\n"
+    )
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    with anyio.fail_after(60):
+        result = await anyio.run_process(
+            [sys.executable, str(tmp_path / "script.py"), anyio_backend, str(library)],
+            cwd=workdir,
+        )
+    assert result.stdout.decode().split() == ["True", "True", "15"]
