@@ -23,9 +23,15 @@ def runtime_dir(create: bool = True) -> Path:
     ``$ANYWOOL_RUNTIME_DIR`` when set, else ``/dev/shm/anywool-<uid>`` where ``/dev/shm`` is a
     directory, else ``<tempdir>/anywool-<uid>``.
 
+    An existing directory of ours that others may read is narrowed to ``0700``; one that others
+    may write to (``0o022`` bits, e.g. mode ``0777``) is refused, since anyone could have
+    planted files in it.
+
     :param create: create the directory when it does not exist.
-    :raises PermissionError: the path is a symlink, not a directory, or owned by another user.
-    :raises FileNotFoundError: it does not exist and ``create`` is false.
+    :raises PermissionError: the path is a symlink, not a directory, owned by another user, or
+        writable by others.
+    :raises FileNotFoundError: it does not exist and ``create`` is false, or its parent does
+        not exist.
     """
     configured = os.environ.get(ENV_VAR)
     if configured:
@@ -38,6 +44,10 @@ def runtime_dir(create: bool = True) -> Path:
             os.mkdir(path, 0o700)
         except FileExistsError:
             pass
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"cannot create runtime directory {path}: its parent does not exist "
+                f"(set {ENV_VAR} to a directory that can be created)") from None
     info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode):
         raise PermissionError(f"refusing runtime directory {path}: it is a symlink")
@@ -47,6 +57,11 @@ def runtime_dir(create: bool = True) -> Path:
         raise PermissionError(
             f"refusing runtime directory {path}: owned by uid {info.st_uid}, not {os.getuid()}"
         )
-    if stat.S_IMODE(info.st_mode) & 0o077:
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o022:
+        raise PermissionError(
+            f"refusing runtime directory {path}: writable by others (mode {mode:o}); "
+            "make it 0700 or point ANYWOOL_RUNTIME_DIR elsewhere")
+    if mode & 0o077:
         os.chmod(path, 0o700)
     return path

@@ -16,6 +16,11 @@ from anywool.discovery import registry
 from ..helpers import worker
 
 
+def die(holder: registry.Claim) -> None:
+    """Close an owner's descriptors as its death would (the kernel drops its flock)."""
+    holder.forget()
+
+
 def test_keys_are_hashed_domain_separated_and_fixed_length():
     keys = {registry.namespace_key(name) for name in ["a/b", "..", "x" * 10_000, "\0", "ü"]}
     assert len(keys) == 5
@@ -140,16 +145,13 @@ def test_leftovers_of_killed_claimants_are_swept(runtime_dir: Path):
 
 def test_reclaim_false_names_a_dead_owner(runtime_dir: Path):
     claim = registry.claim("dead", capacity=1, block_size=64)
-    os.close(claim.dir_fd)  # the kernel drops the owner's flock: as if it died
-    try:
-        with pytest.raises(DiscoveryNamespaceInUse) as info:
-            registry.claim("dead", capacity=1, block_size=64, reclaim=False)
-        assert info.value.owner_pid is None and "dead" in str(info.value)
-        assert info.value.path == str(claim.path)
-        successor = registry.claim("dead", capacity=1, block_size=64)
-        successor.release()
-    finally:
-        os.close(claim.registry_fd)
+    die(claim)
+    with pytest.raises(DiscoveryNamespaceInUse) as info:
+        registry.claim("dead", capacity=1, block_size=64, reclaim=False)
+    assert info.value.owner_pid is None and "dead" in str(info.value)
+    assert info.value.path == str(claim.path)
+    successor = registry.claim("dead", capacity=1, block_size=64)
+    successor.release()
     assert os.listdir(runtime_dir) == []
 
 
@@ -157,11 +159,122 @@ def test_dead_generations_of_other_namespaces_are_swept(runtime_dir: Path):
     # A SIGKILLed pool's random namespace is never claimed again: the next claim of any
     # namespace removes it once its owner's lock is free.
     abandoned = registry.claim("abandoned", capacity=1, block_size=64)
-    os.close(abandoned.dir_fd)  # as if the owner died
-    os.close(abandoned.registry_fd)
+    die(abandoned)
     live = registry.claim("live", capacity=1, block_size=64)
     try:
         registry.claim("other", capacity=1, block_size=64).release()
         assert os.listdir(runtime_dir) == [live.path.name]
     finally:
         live.release()
+
+
+def test_a_change_whose_writer_died_mid_commit_is_rolled_forward(monkeypatch):
+    claim = registry.claim("torn", capacity=4, block_size=256)
+    binding = registry.bind("torn")
+    lease = binding.open_lease()
+    try:
+        a = worker()
+        binding.publish("worker-added", a, lease.id, lock_timeout=1)
+        after_add, _ = binding.snapshot()
+
+        def die(*args, **kwargs):  # the writer dies after journalling, before the slot
+            raise SystemExit("killed")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(registry.Table, "_apply", die)
+            with pytest.raises(SystemExit):
+                binding.publish("worker-dropped", a, lease.id, lock_timeout=1)
+        assert binding.snapshot()[0] == after_add  # not yet visible
+        assert claim.reap() == []  # the owner's next round rolls it forward
+        counter, changes = binding.changes_since(after_add)
+        assert [(c.kind, c.uid) for c in changes] == [("worker-dropped", a.uid)]
+        assert binding.snapshot() == (counter, {})
+    finally:
+        lease.release()
+        binding.close()
+        claim.release()
+
+
+def test_reaper_removes_lease_files_of_dead_publishers_without_workers():
+    claim = registry.claim("leases", capacity=4, block_size=256)
+    binding = registry.bind("leases")
+    try:
+        dead = binding.open_lease()
+        dead.forget()  # its publisher died holding no worker
+        live = binding.open_lease()
+        claim.reap()
+        names = sorted(os.listdir(claim.path))
+        assert names == sorted(["notify", "registry", live.path.name])
+        live.release()
+    finally:
+        binding.close()
+        claim.release()
+
+
+def test_runtime_dir_writable_by_others_is_refused(tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("ANYWOOL_RUNTIME_DIR", str(shared))
+    with pytest.raises(PermissionError, match="writable by others"):
+        registry.claim("jobs", capacity=1, block_size=64)
+
+
+def test_borrowers_never_create_the_runtime_dir(tmp_path, monkeypatch):
+    missing = tmp_path / "missing"
+    monkeypatch.setenv("ANYWOOL_RUNTIME_DIR", str(missing))
+    with pytest.raises(DiscoveryNamespaceNotFound):
+        registry.bind("jobs")
+    assert not missing.exists()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "huge-capacity"])
+def test_a_corrupt_registry_reads_as_not_found(damage, runtime_dir: Path):
+    claim = registry.claim("corrupt", capacity=4, block_size=256)
+    try:
+        path = claim.path / "registry"
+        if damage == "truncate":
+            os.truncate(path, 200)
+        else:
+            with open(path, "r+b") as file:  # capacity is the u32 after magic and version
+                file.seek(12)
+                file.write((2**31).to_bytes(4, "little"))
+        with pytest.raises(DiscoveryNamespaceNotFound):
+            registry.bind("corrupt")
+    finally:
+        claim.release()
+    assert os.listdir(runtime_dir) == []  # the owner's exit removes it all the same
+
+
+@pytest.mark.parametrize("obstacle", ["symlink", "file"])
+def test_something_else_at_a_namespace_path_is_replaced_by_a_claim(obstacle, runtime_dir: Path):
+    target = registry.namespace_path("blocked")
+    if obstacle == "symlink":
+        target.symlink_to(runtime_dir)
+    else:
+        target.write_bytes(b"junk")
+    with pytest.raises(DiscoveryNamespaceNotFound):
+        registry.bind("blocked")
+    claim = registry.claim("blocked", capacity=1, block_size=64)
+    assert claim.path.is_dir() and not claim.path.is_symlink()
+    claim.release()
+    assert os.listdir(runtime_dir) == []
+
+
+def test_a_forked_child_does_not_keep_a_dead_owner_alive(runtime_dir: Path):
+    claim = registry.claim("fork-lock", capacity=1, block_size=64)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a long-lived child, e.g. a multiprocessing worker started with fork
+        os.close(write_end)
+        os.read(read_end, 1)
+        os._exit(0)
+    os.close(read_end)
+    try:
+        die(claim)  # the owner dies (its descriptors close) while the child lives
+        successor = registry.claim("fork-lock", capacity=1, block_size=64)
+        successor.release()
+    finally:
+        os.close(write_end)
+        os.waitpid(pid, 0)
+    assert os.listdir(runtime_dir) == []

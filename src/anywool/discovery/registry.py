@@ -28,6 +28,7 @@ import shutil
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,10 +71,13 @@ _HEADER_SPACE = 128
 _SLOT = struct.Struct("<16sQ16sI4x")
 _EMPTY_UID = bytes(16)
 # The journal: a ring of the last JOURNAL_LENGTH changes, so a subscriber that keeps up sees
-# every change in order instead of only the net effect since its last look. Each entry is the
-# change counter, the kind, the payload length and the worker uid, then the payload itself.
+# every change in order instead of only the net effect since its last look. It is also the
+# write-ahead log of each change: an entry is complete before the slot it describes is touched,
+# so a writer killed mid-change is rolled forward by the next one. Each entry is the change
+# counter, the kind, the slot index, the payload length, the worker uid and the lease, then the
+# payload itself.
 JOURNAL_LENGTH = 256
-_ENTRY = struct.Struct("<QB3xI16s")
+_ENTRY = struct.Struct("<QBxHI16s16s")
 _KINDS = ("worker-added", "worker-updated", "worker-dropped")
 
 # Bytes of blake2b kept for a namespace key (26 base32 characters). Tests shrink it to force
@@ -186,7 +190,7 @@ def _open_file(path: Path, flags: int = os.O_RDWR) -> int:
 
 
 def _close_quietly(fd: int | None) -> None:
-    if fd is not None:
+    if fd is not None and fd >= 0:
         try:
             os.close(fd)
         except OSError:
@@ -240,18 +244,43 @@ class Table:
         return list(_SLOT.iter_unpack(data))
 
     def commit(self, index: int, kind: str, worker: UUID, lease: bytes, payload: bytes) -> None:
-        """Write one change: block, slot, journal entry, then the counter."""
+        """Write one change: its journal entry (payload, then header), the block and slot, then
+        the counter that publishes it. Caller holds ``LOCK_EX`` and ran :meth:`recover`."""
         counter = _read_counter(self.fd)[0] + 1
-        occupied = kind != "worker-dropped"
-        if occupied:
-            os.pwrite(self.fd, payload, self.blocks_offset + index * self.block_size)
-        os.pwrite(self.fd, _SLOT.pack(worker.bytes if occupied else _EMPTY_UID, counter,
-                                      lease if occupied else _EMPTY_UID, len(payload)),
-                  _HEADER_SPACE + index * _SLOT.size)
-        entry = _ENTRY.pack(counter, _KINDS.index(kind), len(payload), worker.bytes) + payload
-        os.pwrite(self.fd, entry,
-                  self.journal_offset + (counter % JOURNAL_LENGTH) * self.entry_size)
+        offset = self._entry_offset(counter)
+        if payload:
+            os.pwrite(self.fd, payload, offset + _ENTRY.size)
+        os.pwrite(self.fd, _ENTRY.pack(counter, _KINDS.index(kind), index, len(payload),
+                                       worker.bytes, lease), offset)
+        self._apply(index, kind, worker.bytes, lease, payload, counter)
         os.pwrite(self.fd, struct.pack("<Q", counter), _COUNTER_OFFSET)
+
+    def recover(self) -> bool:
+        """Roll forward a change whose writer died after journalling it (caller holds
+        ``LOCK_EX``). Returns whether there was one."""
+        counter = _read_counter(self.fd)[0] + 1
+        offset = self._entry_offset(counter)
+        recorded, kind, index, length, uid, lease = _ENTRY.unpack(
+            os.pread(self.fd, _ENTRY.size, offset))
+        if recorded != counter or index >= self.capacity or length > self.block_size \
+                or kind >= len(_KINDS):
+            return False
+        payload = os.pread(self.fd, length, offset + _ENTRY.size) if length else b""
+        self._apply(index, _KINDS[kind], uid, lease, payload, counter)
+        os.pwrite(self.fd, struct.pack("<Q", counter), _COUNTER_OFFSET)
+        return True
+
+    def _entry_offset(self, counter: int) -> int:
+        return self.journal_offset + (counter % JOURNAL_LENGTH) * self.entry_size
+
+    def _apply(self, index: int, kind: str, worker: bytes, lease: bytes, payload: bytes,
+               counter: int) -> None:
+        if kind == "worker-dropped":
+            slot = _SLOT.pack(_EMPTY_UID, counter, _EMPTY_UID, 0)
+        else:
+            os.pwrite(self.fd, payload, self.blocks_offset + index * self.block_size)
+            slot = _SLOT.pack(worker, counter, lease, len(payload))
+        os.pwrite(self.fd, slot, _HEADER_SPACE + index * _SLOT.size)
 
     def snapshot(self) -> tuple[int, dict[UUID, WorkerMetadata]]:
         """(change counter, every registered worker in slot order)."""
@@ -278,10 +307,10 @@ class Table:
             return None
         changes: list[Change] = []
         for number in range(since + 1, counter + 1):
-            offset = self.journal_offset + (number % JOURNAL_LENGTH) * self.entry_size
+            offset = self._entry_offset(number)
             head = os.pread(self.fd, _ENTRY.size, offset)
-            recorded, kind, length, uid = _ENTRY.unpack(head)
-            if recorded != number:
+            recorded, kind, _index, length, uid, _lease = _ENTRY.unpack(head)
+            if recorded != number or kind >= len(_KINDS) or length > self.block_size:
                 return None
             metadata = None
             if _KINDS[kind] != "worker-dropped":
@@ -312,6 +341,23 @@ def _read_counter(fd: int) -> tuple[int, bool]:
     return counter, bool(retired)
 
 
+# -- fork -------------------------------------------------------------------------------------
+
+# Descriptors that carry a lock proving a process alive (an owner's directory, a publisher's
+# lease). flock belongs to the open file description, which fork shares: a child that kept them
+# would keep a dead parent "alive". The child closes its copies (closing never unlocks the
+# parent's) and its inherited handles become inert.
+_LOCK_HOLDERS: weakref.WeakSet[Claim | Lease] = weakref.WeakSet()
+
+
+def _forget_inherited_locks() -> None:
+    for holder in list(_LOCK_HOLDERS):
+        holder.forget()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_locks)
+
+
 # -- claim ------------------------------------------------------------------------------------
 
 
@@ -334,6 +380,14 @@ class Claim:
         self.guard = threading.Lock()
         self.pid = os.getpid()
         self._released = False
+        _LOCK_HOLDERS.add(self)
+
+    def forget(self) -> None:
+        """In a forked child: drop the inherited descriptors without touching the parent's."""
+        self._released = True
+        for fd in (self.registry_fd, self.dir_fd):
+            _close_quietly(fd)
+        self.registry_fd = self.dir_fd = -1
 
     @property
     def capacity(self) -> int:
@@ -364,37 +418,44 @@ class Claim:
             try:
                 counter, _ = _read_counter(self.registry_fd)
                 os.pwrite(self.registry_fd, struct.pack("<QB", counter + 1, 1), _COUNTER_OFFSET)
+                _touch_hint(self.path)
             finally:
                 if locked:
                     _unlock(self.registry_fd)
-            _touch_hint(self.path)
-            _remove_generation(self.root, self.path)
+                # Whatever happened to the registry (even corrupted), its files go.
+                _remove_generation(self.root, self.path)
         finally:
             _close_quietly(self.registry_fd)
             _close_quietly(self.dir_fd)  # releases the owner's flock
+            self.registry_fd = self.dir_fd = -1
 
     def reap(self) -> list[UUID]:
-        """Clear the slots of publishers whose lease lock is free (the process died).
+        """Clear the slots of publishers whose lease lock is free (the process died), remove
+        their lease files, and roll forward a change a dead writer left half done.
 
         :returns: the uids of the workers removed.
         """
+        removed: list[UUID] = []
         with _locked(self.registry_fd, self.guard, fcntl.LOCK_EX, 5.0, self.namespace):
+            recovered = self.table.recover()
             slots = self.table.slots()
-            leases = {entry[2] for entry in slots if entry[3] and entry[2] != _EMPTY_UID}
-            dead = {lease for lease in leases if _lease_is_dead(self.path, lease)}
-            if not dead:
-                return []
-            removed: list[UUID] = []
+            dead = {lease for lease in _lease_ids(self.path) if _lease_is_dead(self.path, lease)}
             for index, (uid, _seq, lease, length) in enumerate(slots):
                 if length and lease in dead:
                     removed.append(UUID(bytes=uid))
                     self.table.commit(index, "worker-dropped", removed[-1], _EMPTY_UID, b"")
+            # A lease file goes once its slots are clear; referenced leases without a file
+            # (deleted by hand) count as dead too.
+            missing = {e[2] for e in slots if e[3] and e[2] != _EMPTY_UID} - _lease_ids(self.path)
+            for index, (uid, _seq, lease, length) in enumerate(slots):
+                if length and lease in missing:
+                    removed.append(UUID(bytes=uid))
+                    self.table.commit(index, "worker-dropped", removed[-1], _EMPTY_UID, b"")
         for lease in dead:
-            try:
-                os.unlink(self.path / f"lease-{lease.hex()}")
-            except FileNotFoundError:
-                pass
-        _touch_hint(self.path)
+            _unlink_quietly(self.path / f"lease-{lease.hex()}")
+        _sweep_pending_leases(self.path)
+        if recovered or removed:
+            _touch_hint(self.path)
         return removed
 
 
@@ -430,7 +491,7 @@ def claim(namespace: str, *, capacity: int, block_size: int, reclaim: bool = Tru
                 os.rename(tmp, target)
                 return Claim(namespace, root, target, dir_fd, registry_fd, header)
             except OSError as exc:
-                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
                     raise
             incumbent = _probe_incumbent(namespace, target)
             if incumbent is not None:
@@ -469,10 +530,19 @@ def _create_registry(directory: Path, namespace: str, capacity: int,
 
 
 def _probe_incumbent(namespace: str, target: Path) -> DiscoveryNamespaceInUse | None:
-    """The error to raise if ``target`` has a live owner; ``None`` if it is dead or gone."""
+    """The error to raise if ``target`` has a live owner; ``None`` if it is dead or gone.
+
+    Something other than a directory there (a symlink, a file) is not a generation: it is
+    removed, since nothing of ours put it in our private directory under that name.
+    """
     try:
         fd = _open_dir(target)
     except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        _unlink_quietly(target)
         return None
     try:
         if _probe_free(fd):
@@ -665,6 +735,7 @@ class Binding:
                 raise DiscoveryBlockExhausted(len(payload))
         uid = metadata.uid.bytes
         with _locked(self.registry_fd, self.guard, fcntl.LOCK_EX, lock_timeout, self.namespace, checkpoint):
+            self.table.recover()
             slots = self.table.slots()
             index = next((i for i, entry in enumerate(slots) if entry[3] and entry[0] == uid),
                          None)
@@ -686,6 +757,7 @@ class Binding:
     def withdraw(self, lease: bytes, *, lock_timeout: float | None) -> int:
         """Clear every slot written under ``lease``; returns how many."""
         with _locked(self.registry_fd, self.guard, fcntl.LOCK_EX, lock_timeout, self.namespace):
+            self.table.recover()
             slots = self.table.slots()
             indices = [i for i, entry in enumerate(slots) if entry[3] and entry[2] == lease]
             for index in indices:
@@ -698,16 +770,22 @@ class Binding:
     # -- leases --
 
     def open_lease(self) -> Lease:
-        """Create and lock this publisher's lease file in the generation directory."""
+        """Create and lock this publisher's lease file in the generation directory.
+
+        The file is locked under a temporary name and then renamed into place, so the reaper
+        never sees a ``lease-*`` file whose lock is not yet held.
+        """
         lease_id = secrets.token_bytes(16)
         path = self.path / f"lease-{lease_id.hex()}"
-        fd = _open_file(path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+        pending = self.path / f"pending-{lease_id.hex()}"
+        fd = _open_file(pending, os.O_RDWR | os.O_CREAT | os.O_EXCL)
         try:
             os.fchmod(fd, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(pending, path)
         except BaseException:
             os.close(fd)
-            _unlink_quietly(path)
+            _unlink_quietly(pending)
             raise
         return Lease(lease_id, path, fd)
 
@@ -719,6 +797,13 @@ class Lease:
         self.id = lease_id
         self.path = path
         self.fd = fd
+        self.pid = os.getpid()
+        _LOCK_HOLDERS.add(self)
+
+    def forget(self) -> None:
+        """In a forked child: drop the inherited descriptor; the parent's lease stays."""
+        _close_quietly(self.fd)
+        self.fd = -1
 
     def release(self) -> None:
         if self.fd >= 0:
@@ -730,19 +815,30 @@ class Lease:
 def bind(namespace: str, root: Path | None = None) -> Binding:
     """Bind to the live generation of ``namespace`` without creating anything.
 
-    :raises DiscoveryNamespaceNotFound: no generation exists, its owner is dead or retired, or
-        it belongs to another namespace whose key collides with this one.
+    :raises DiscoveryNamespaceNotFound: no generation exists, its owner is dead or retired, it
+        belongs to another namespace whose key collides with this one, or its registry is not
+        a well-formed one (corrupt or truncated).
     """
-    path = namespace_path(namespace, root)
     try:
+        path = namespace_path(namespace, root or runtime_dir(create=False))
         dir_fd = _open_dir(path)
     except (FileNotFoundError, NotADirectoryError):
         raise DiscoveryNamespaceNotFound(namespace) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a symlink where a generation should be
+            raise DiscoveryNamespaceNotFound(namespace) from None
+        raise
     registry_fd = None
     try:
         registry_fd = _open_file(path / "registry", os.O_RDWR)
         header = _read_header(registry_fd)
         if header.digest != namespace_digest(namespace):
+            raise DiscoveryNamespaceNotFound(namespace)
+        # Never trust sizes read from a file: a corrupt header must not drive allocations.
+        if not (1 <= header.capacity <= MAX_CAPACITY and 1 <= header.block_size <= MAX_BLOCK_SIZE):
+            raise DiscoveryNamespaceNotFound(namespace)
+        if os.fstat(registry_fd).st_size < Table(registry_fd, header.capacity,
+                                                 header.block_size).size:
             raise DiscoveryNamespaceNotFound(namespace)
         binding = Binding(namespace, path, dir_fd, registry_fd, header)
         if not binding.is_live():
@@ -816,6 +912,33 @@ def _touch_hint(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _lease_ids(path: Path) -> set[bytes]:
+    ids = set()
+    for name in os.listdir(path):
+        if name.startswith("lease-"):
+            try:
+                ids.add(bytes.fromhex(name[len("lease-"):]))
+            except ValueError:
+                continue
+    return ids
+
+
+def _sweep_pending_leases(path: Path) -> None:
+    """Remove ``pending-*`` lease files of publishers killed before renaming them."""
+    for name in os.listdir(path):
+        if not name.startswith("pending-"):
+            continue
+        try:
+            fd = _open_file(path / name, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            if time.time() - os.fstat(fd).st_mtime > 1.0 and _try_lock(fd, fcntl.LOCK_EX):
+                _unlink_quietly(path / name)
+        finally:
+            os.close(fd)
 
 
 def _lease_is_dead(path: Path, lease: bytes) -> bool:
