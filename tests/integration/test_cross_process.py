@@ -267,3 +267,36 @@ async def test_routines_from_main_scripts_and_private_paths_run_on_workers(tmp_p
             cwd=workdir,
         )
     assert result.stdout.decode().split() == ["True", "True", "15"]
+
+
+OWNER_WITH_WORKER = """
+import os, sys, uuid, anyio
+from anywool import LocalDiscovery, WorkerMetadata
+async def main():
+    async with LocalDiscovery(sys.argv[1]) as owner, owner.publisher as publisher:
+        await publisher.publish("worker-added", WorkerMetadata(uuid.uuid4(), "unix:/x", 1, "x"))
+        print("owner", os.getpid(), flush=True)
+        await anyio.to_thread.run_sync(sys.stdin.read)
+anyio.run(main)
+"""
+
+
+async def test_a_new_iteration_never_joins_a_source_whose_owner_was_killed(namespace):
+    with anyio.fail_after(20):
+        child = await start(OWNER_WITH_WORKER, namespace)
+        try:
+            assert (await child.readline()).split()[0] == "owner"
+            async with anyio.create_task_group() as tg:
+                # A 60 s poll: the live sibling's source will not notice the death for a while.
+                sibling = await follow(tg, LocalDiscovery.Subscriber(namespace, poll_interval=60))
+                assert (await sibling.receive()).type == "worker-added"
+                child.kill()
+                await child.wait()
+                with pytest.raises(DiscoveryNamespaceNotFound):
+                    async for _ in LocalDiscovery.Subscriber(namespace, poll_interval=60):
+                        pass
+                tg.cancel_scope.cancel()
+        finally:
+            await stop([child])
+        async with LocalDiscovery(namespace):  # sweeps the dead generation
+            pass

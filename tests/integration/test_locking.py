@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 
 import anyio
 import pytest
 
 from anywool import DiscoveryCapacityExhausted, LocalDiscovery
-from anywool.discovery import registry
+from anywool.discovery import hub, registry
 
 from ..helpers import follow, take, worker
 from .children import start, stop
@@ -239,3 +240,66 @@ async def test_churning_publishers_never_tear_a_subscribers_view(namespace):
                     await stop(children)
                 assert seen > 0
                 tg.cancel_scope.cancel()
+
+
+async def test_a_subscriber_waiting_on_a_locked_registry_blocks_nothing_and_cancels(namespace):
+    from contextlib import aclosing
+
+    with anyio.fail_after(10):  # the registry lock would be waited on for 30 s
+        async with LocalDiscovery(namespace) as owner, \
+                LocalDiscovery(f"{namespace}-other") as other, other.publisher as publisher:
+            await publisher.publish("worker-added", worker())
+            holder = await _hold_registry_lock(owner)
+            try:
+                healthy = aclosing(other.subscriber.__aiter__())
+                async with healthy as events:
+                    await events.__anext__()
+                    async with anyio.create_task_group() as tg:
+                        started = anyio.Event()
+
+                        async def stuck() -> None:
+                            started.set()
+                            async for _ in owner.subscriber:  # waits for the registry lock
+                                pass
+
+                        scope = anyio.CancelScope()
+
+                        async def run_stuck() -> None:
+                            with scope:
+                                await stuck()
+
+                        tg.start_soon(run_stuck)
+                        await started.wait()
+                        await anyio.sleep(0.2)  # let it reach the lock wait
+                        # Ending an unrelated iteration needs the hub: it must not be held.
+                        await events.aclose()
+                        scope.cancel()  # and the stuck start gives up promptly
+            finally:
+                await stop([holder])
+        assert all(key[0] != registry.namespace_key(namespace) for key in hub.stats())
+
+
+async def test_stopping_a_source_that_waits_for_the_registry_lock_is_prompt(namespace):
+    import struct
+    from contextlib import aclosing
+
+    with anyio.fail_after(15):
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            await publisher.publish("worker-added", worker())
+            async with aclosing(owner.subscriber.__aiter__()) as events:
+                await events.__anext__()
+                holder = await _hold_registry_lock(owner)
+                try:
+                    # A change the source must read under the lock the holder keeps.
+                    with open(os.path.join(owner.path, "registry"), "r+b") as registry_file:
+                        registry_file.seek(registry._COUNTER_OFFSET)
+                        counter = struct.unpack("<Q", registry_file.read(8))[0]
+                        registry_file.seek(registry._COUNTER_OFFSET)
+                        registry_file.write(struct.pack("<Q", counter + 1))
+                    os.utime(os.path.join(owner.path, "notify"))
+                    await anyio.sleep(0.2)  # the source is now polling for the lock
+                    await events.aclose()  # joins the source thread (or gives up after 5 s)
+                    name = f"anywool-source-{registry.namespace_key(namespace)}"
+                    assert name not in [t.name for t in threading.enumerate()]
+                finally:
+                    await stop([holder])

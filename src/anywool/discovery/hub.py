@@ -20,10 +20,12 @@ import select
 import sys
 import threading
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from uuid import UUID
 
 import anyio
+import anyio.from_thread
+import anyio.to_thread
 
 from anywool._runtime_dir import runtime_dir
 from anywool.discovery import registry
@@ -47,6 +49,10 @@ if sys.platform == "linux":
         inotify_simple = None
 else:  # pragma: no cover
     inotify_simple = None
+
+
+class _Stopped(Exception):
+    """The source was told to stop while it waited for the registry lock."""
 
 
 class _Consumer:
@@ -149,14 +155,23 @@ class _Source:
         self.stop_r, self.stop_w = os.pipe()
         self._counter = -1
         self.thread = threading.Thread(
-            target=self._run, name=f"anywool-source-{namespace[:24]}", daemon=True)
+            target=self._run, name=f"anywool-source-{key[0]}", daemon=True)
 
     # -- lifecycle (hub lock held) --
 
-    def start(self) -> None:
+    def prime(self, checkpoint: Callable[[], None]) -> None:
+        """Read the registry once (the first consumer's snapshot), before any thread runs."""
         self.watcher.watch(self.binding.path / "notify")  # type: ignore[union-attr]
-        self._refresh()  # the first consumer's snapshot is the registry as of now
-        self.thread.start()
+        self._refresh(checkpoint=checkpoint)
+
+    def discard(self) -> None:
+        """Release a source that was never started."""
+        self.watcher.close()
+        if self.binding is not None:
+            self.binding.close()
+            self.binding = None
+        os.close(self.stop_r)
+        os.close(self.stop_w)
 
     def stop(self) -> threading.Thread:
         os.write(self.stop_w, b"\0")
@@ -178,7 +193,9 @@ class _Source:
                 if ready:
                     self.watcher.drain()
                 try:
-                    self._refresh(probe=not ready)
+                    self._refresh(probe=not ready, checkpoint=self._check_stop)
+                except _Stopped:
+                    return
                 except Exception:  # a wedged writer or an I/O error: retry next round
                     log.exception("discovery source for %r failed to refresh", self.namespace)
         finally:
@@ -189,8 +206,17 @@ class _Source:
             os.close(self.stop_r)
             os.close(self.stop_w)
 
-    def _refresh(self, probe: bool = False) -> None:
-        """Bring the view up to date and hand the difference to every consumer."""
+    def _check_stop(self) -> None:
+        # Called between attempts to take the registry lock: stopping never waits on a writer.
+        if select.select([self.stop_r], [], [], 0)[0]:
+            raise _Stopped
+
+    def _refresh(self, probe: bool = False,
+                 checkpoint: Callable[[], None] | None = None) -> None:
+        """Bring the view up to date and hand the difference to every consumer.
+
+        :param checkpoint: called while waiting for the registry lock; may raise to give up.
+        """
         events: list[DiscoveryEvent] = []
         binding = self.binding
         if binding is not None:
@@ -200,9 +226,9 @@ class _Source:
                 self._orphan()
             elif counter != self._counter:
                 self.scans += 1
-                journal = binding.changes_since(self._counter)
+                journal = binding.changes_since(self._counter, checkpoint=checkpoint)
                 if journal is None:  # fell behind the journal: the net difference instead
-                    self._counter, current = binding.snapshot()
+                    self._counter, current = binding.snapshot(checkpoint=checkpoint)
                     events = _diff(self.view, current)
                 else:
                     self._counter, changes = journal
@@ -216,7 +242,7 @@ class _Source:
             self.binds += 1
             self.watcher.watch(binding.path / "notify")
             self.scans += 1
-            self._counter, current = binding.snapshot()
+            self._counter, current = binding.snapshot(checkpoint=checkpoint)
             events = _diff(self.view, current)
         if events:
             with self.lock:
@@ -279,34 +305,51 @@ class _Hub:
         self.lock = threading.Lock()
         self.sources: dict[tuple[str, float], _Source] = {}
 
-    def attach(self, namespace: str, poll_interval: float, consumer: _Consumer) -> _Source:
+    def attach(self, namespace: str, poll_interval: float, consumer: _Consumer,
+               checkpoint: Callable[[], None]) -> _Source:
         """Join (or start) the source and queue the current view as ``worker-added``.
 
-        Runs in a worker thread: binding touches the file system.
+        Runs in a worker thread. The hub lock is only ever held for bookkeeping, never across
+        file-system work or a wait for the registry lock, so the event loops that detach
+        consumers never block on it.
 
-        :raises DiscoveryNamespaceNotFound: no live owner holds the namespace.
+        :param checkpoint: called while waiting for the registry lock; raises to give up
+            (cancellation of the iteration that is starting).
+        :raises DiscoveryNamespaceNotFound: no live owner holds the namespace right now.
+        :raises TimeoutError: the registry stayed locked by a writer for 30 s.
         """
         key = (registry.namespace_key(namespace), poll_interval)
-        with self.lock:
-            source = self.sources.get(key)
-            if source is not None and source.binding is None:
-                # The source is orphaned: a new iteration needs a live owner right now.
-                registry.bind(namespace).close()
-            if source is None:
-                source = _Source(key, namespace, poll_interval, registry.bind(namespace))
-                try:
-                    source.start()
-                except BaseException:
-                    source.watcher.close()
-                    source.binding.close()  # type: ignore[union-attr]
-                    raise
-                self.sources[key] = source
-            with source.lock:
-                source.consumers.add(consumer)
-                snapshot = [DiscoveryEvent("worker-added", m) for m in source.view.values()]
-                if snapshot:
-                    consumer.deliver(snapshot)
-            return source
+        # A new iteration needs a live owner now, even if a sibling's source still follows one
+        # that just died (it would only notice at its next check).
+        probe: registry.Binding | None = registry.bind(namespace)
+        fresh: _Source | None = None
+        try:
+            while True:
+                with self.lock:
+                    source = self.sources.get(key)
+                    if source is None and fresh is not None:
+                        source, fresh = fresh, None
+                        self.sources[key] = source
+                        source.thread.start()
+                    if source is not None:
+                        with source.lock:
+                            source.consumers.add(consumer)
+                            snapshot = [DiscoveryEvent("worker-added", m)
+                                        for m in source.view.values()]
+                            if snapshot:
+                                consumer.deliver(snapshot)
+                        return source
+                # No source: build one outside the hub lock, then install it unless another
+                # thread installed its own meanwhile (then join that one and drop ours).
+                assert probe is not None
+                fresh = _Source(key, namespace, poll_interval, probe)
+                probe = None
+                fresh.prime(checkpoint)
+        finally:
+            if probe is not None:
+                probe.close()
+            if fresh is not None:
+                fresh.discard()
 
     def detach(self, source: _Source, consumer: _Consumer) -> threading.Thread | None:
         """Leave the source; returns its thread (to join) when this was the last consumer."""
@@ -336,7 +379,8 @@ async def iterate(namespace: str, poll_interval: float) -> AsyncIterator[Discove
     """
     consumer = _Consumer()
     try:
-        source = await anyio.to_thread.run_sync(_hub.attach, namespace, poll_interval, consumer)
+        source = await anyio.to_thread.run_sync(
+            _hub.attach, namespace, poll_interval, consumer, anyio.from_thread.check_cancelled)
     except BaseException:
         consumer.close()
         raise

@@ -359,7 +359,11 @@ class LocalDiscovery(Discovery):
         :raises ValueError: ``poll_interval`` is not positive.
 
         Iterating raises :class:`~anywool.errors.DiscoveryNamespaceNotFound` when no live
-        owner holds the namespace as the iteration starts (nothing is created).
+        owner holds the namespace as the iteration starts (nothing is created), and
+        ``TimeoutError`` if a publisher kept the registry locked for 30 s while the iteration
+        started (cancelling the iteration ends that wait at once). Closing or cancelling an
+        iteration affects no other; the source stops with the last one (use
+        ``contextlib.aclosing`` to end an iteration you leave early right away).
         """
 
         if TYPE_CHECKING:
