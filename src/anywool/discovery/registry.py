@@ -358,36 +358,21 @@ def _forget_inherited_locks() -> None:
 os.register_at_fork(after_in_child=_forget_inherited_locks)
 
 
-# -- claim ------------------------------------------------------------------------------------
+# -- generations -----------------------------------------------------------------------------
 
 
-class Claim:
-    """An owner's hold on one generation of a namespace (``ns-<key>/``).
+class _Open:
+    """Descriptors on one generation (its directory and registry) and the registry's layout."""
 
-    The directory descriptor carries ``flock(LOCK_EX)`` for the owner's lifetime. Created by
-    :func:`claim`; :meth:`release` retires and removes the generation.
-    """
-
-    def __init__(self, namespace: str, root: Path, path: Path, dir_fd: int, registry_fd: int,
+    def __init__(self, namespace: str, path: Path, dir_fd: int, registry_fd: int,
                  header: Header) -> None:
         self.namespace = namespace
-        self.root = root
         self.path = path
         self.dir_fd = dir_fd
         self.registry_fd = registry_fd
         self.header = header
         self.table = Table(registry_fd, header.capacity, header.block_size)
-        self.guard = threading.Lock()
-        self.pid = os.getpid()
-        self._released = False
-        _LOCK_HOLDERS.add(self)
-
-    def forget(self) -> None:
-        """In a forked child: drop the inherited descriptors without touching the parent's."""
-        self._released = True
-        for fd in (self.registry_fd, self.dir_fd):
-            _close_quietly(fd)
-        self.registry_fd = self.dir_fd = -1
+        self.guard = threading.Lock()  # the threads sharing registry_fd
 
     @property
     def capacity(self) -> int:
@@ -396,6 +381,32 @@ class Claim:
     @property
     def block_size(self) -> int:
         return self.header.block_size
+
+    def close(self) -> None:
+        _close_quietly(self.registry_fd)
+        _close_quietly(self.dir_fd)
+        self.registry_fd = self.dir_fd = -1
+
+
+class Claim(_Open):
+    """An owner's hold on one generation of a namespace (``ns-<key>/``).
+
+    The directory descriptor carries ``flock(LOCK_EX)`` for the owner's lifetime. Created by
+    :func:`claim`; :meth:`release` retires and removes the generation.
+    """
+
+    def __init__(self, namespace: str, root: Path, path: Path, dir_fd: int, registry_fd: int,
+                 header: Header) -> None:
+        super().__init__(namespace, path, dir_fd, registry_fd, header)
+        self.root = root
+        self.pid = os.getpid()
+        self._released = False
+        _LOCK_HOLDERS.add(self)
+
+    def forget(self) -> None:
+        """In a forked child: drop the inherited descriptors without touching the parent's."""
+        self._released = True
+        self.close()
 
     def release(self, lock_timeout: float | None = 5.0) -> None:
         """Retire the generation, wake its subscribers and remove every file of it.
@@ -425,9 +436,7 @@ class Claim:
                 # Whatever happened to the registry (even corrupted), its files go.
                 _remove_generation(self.root, self.path)
         finally:
-            _close_quietly(self.registry_fd)
-            _close_quietly(self.dir_fd)  # releases the owner's flock
-            self.registry_fd = self.dir_fd = -1
+            self.close()  # releases the owner's flock
 
     def reap(self) -> list[UUID]:
         """Clear the slots of publishers whose lease lock is free (the process died), remove
@@ -641,39 +650,16 @@ def _sweep_leftovers(root: Path, keep: Path) -> None:
 # -- bind -------------------------------------------------------------------------------------
 
 
-class Binding:
+class Binding(_Open):
     """A borrower's handle on the live generation of a namespace.
 
     Holds descriptors on the generation directory and its registry; never holds the owner's
     lock (liveness is probed with ``LOCK_SH | LOCK_NB``, which conflicts only with the owner).
     """
 
-    def __init__(self, namespace: str, path: Path, dir_fd: int, registry_fd: int,
-                 header: Header) -> None:
-        self.namespace = namespace
-        self.path = path
-        self.dir_fd = dir_fd
-        self.registry_fd = registry_fd
-        self.header = header
-        self.table = Table(registry_fd, header.capacity, header.block_size)
-        self.guard = threading.Lock()  # the threads sharing registry_fd
-
-    @property
-    def capacity(self) -> int:
-        return self.header.capacity
-
-    @property
-    def block_size(self) -> int:
-        return self.header.block_size
-
     @property
     def generation(self) -> bytes:
         return self.header.generation
-
-    def close(self) -> None:
-        _close_quietly(self.registry_fd)
-        _close_quietly(self.dir_fd)
-        self.registry_fd = self.dir_fd = -1
 
     def is_live(self) -> bool:
         """Whether the owner of this generation is alive and has not retired it."""

@@ -258,8 +258,8 @@ class _Worker:
         except BaseException as exc:
             await self._reply_exception(frames, call, exc)
             return
-        await self._reply_value(frames, call, value)
-        await frames.send(Frame(Kind.END, call.id))
+        if await self._reply_value(frames, call, value):
+            await frames.send(Frame(Kind.END, call.id))
 
     async def _run_generator(
         self,
