@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import anyio
 import pytest
@@ -116,3 +118,14 @@ async def test_a_draining_worker_loses_no_call_under_load():
                     await anyio.sleep(0.01)
                 os.kill(victim, signal.SIGINT)
     assert sum(served.values()) == 1600
+
+
+async def test_a_worker_refuses_to_listen_on_tcp_without_authentication():
+    # Frames carry pickled code: an unauthenticated TCP listener would run anyone's code.
+    with anyio.fail_after(30):
+        result = await anyio.run_process(
+            [sys.executable, "-m", "anywool.worker", "--address", "127.0.0.1:0"],
+            check=False, stdin=subprocess.DEVNULL,
+        )
+    assert result.returncode != 0
+    assert b"authentication" in result.stderr and result.stdout == b""

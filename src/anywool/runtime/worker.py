@@ -1,8 +1,9 @@
 """The worker process: ``python -m anywool.worker --backend asyncio|trio [--address ADDR]``.
 
 It runs its own event loop on the requested backend, listens on a Unix socket inside the runtime
-directory (``0600`` socket in a ``0700`` directory: only the same user can dispatch) or on TCP
-when given ``--address host:port``, and prints its address as one line on stdout. Everything it
+directory (``0600`` socket in a ``0700`` directory: only the same user can dispatch), and prints
+its address as one line on stdout. TCP is refused until peer authentication exists: a frame is
+pickled code, so an unauthenticated TCP listener would run anyone's code. Everything it
 prints afterwards (including routines' ``print``) goes to stderr, so the pipe its parent reads
 can never fill up and block it.
 
@@ -367,10 +368,11 @@ async def _open_listener(address: str | None) -> tuple[Listener[Any], str, Path 
             path, private = Path(address[len("unix:") :]), None
         listener = await anyio.create_unix_listener(path, mode=0o600)
         return listener, f"unix:{path}", path, private
-    host, _, port = address.rpartition(":")
-    tcp = await anyio.create_tcp_listener(local_host=host.strip("[]"), local_port=int(port))
-    bound_host, bound_port = tcp.extra(anyio.abc.SocketAttribute.local_address)[:2]
-    return tcp, f"{bound_host}:{bound_port}", None, None
+    raise SystemExit(
+        f"anywool.worker: refusing to listen on {address!r}: TCP listeners need peer "
+        "authentication (mutual TLS or an HMAC challenge), which is not implemented yet; "
+        "use a unix: address"
+    )
 
 
 async def _refuse(frames: FrameStream, call_id: int) -> None:
@@ -430,7 +432,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m anywool.worker")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
     parser.add_argument(
-        "--address", default=None, help="unix:/path or host:port (default: a socket in the runtime dir)"
+        "--address", default=None, help="unix:/path (default: a socket in the runtime dir)"
     )
     options = parser.parse_args(argv)
     _apply_parent_environment()
