@@ -28,15 +28,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import platform
-import shutil
-import signal
-import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -44,6 +37,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
+
+import _harness
 
 HERE = Path(__file__).resolve().parent
 WORKER_COUNTS = (1, 16, 64, 128)
@@ -62,23 +57,6 @@ CHILD_TIMEOUT = 900.0
 def _now_ns() -> int:
     """CLOCK_MONOTONIC: one clock for every process on the machine (Linux)."""
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-
-
-def _percentile(sorted_values: list[float], fraction: float) -> float:
-    """Nearest-rank percentile of already sorted values."""
-    rank = max(1, math.ceil(fraction * len(sorted_values)))
-    return sorted_values[rank - 1]
-
-
-def _summary(samples_ns: list[int]) -> dict[str, Any]:
-    ms = sorted(ns / 1e6 for ns in samples_ns)
-    return {
-        "samples": len(ms),
-        "median_ms": statistics.median(ms),
-        "p99_ms": _percentile(ms, 0.99),
-        "min_ms": ms[0],
-        "max_ms": ms[-1],
-    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -172,7 +150,7 @@ async def _claim(api: Any, samples: int) -> dict[str, Any]:
         elapsed = clock() - start
         if n >= CLAIM_WARMUP:
             timings.append(elapsed)
-    return _summary(timings)
+    return _harness.summary_ms(timings)
 
 
 async def _publish(api: Any, samples: int) -> dict[str, Any]:
@@ -189,7 +167,7 @@ async def _publish(api: Any, samples: int) -> dict[str, Any]:
             elapsed = clock() - start
             if n >= PUBLISH_WARMUP:
                 timings.append(elapsed)
-    return _summary(timings)
+    return _harness.summary_ms(timings)
 
 
 async def _propagation(
@@ -272,7 +250,7 @@ async def _snapshot(api: Any, workers: int, samples: int) -> dict[str, Any]:
             threads = max(threads, threading.active_count())
             if n >= SNAPSHOT_WARMUP:
                 timings.append(elapsed)
-    return {**_summary(timings), "threads_max": threads}
+    return {**_harness.summary_ms(timings), "threads_max": threads}
 
 
 async def _change(api: Any, workers: int, samples: int) -> dict[str, Any]:
@@ -322,7 +300,7 @@ async def _change(api: Any, workers: int, samples: int) -> dict[str, Any]:
                     latencies.append(state["latency"])
                 await anyio.sleep(CHANGE_SETTLE)
             tg.cancel_scope.cancel()
-    return _summary(latencies)
+    return _harness.summary_ms(latencies)
 
 
 async def _measure(framework: str, backend: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -348,7 +326,7 @@ async def _measure(framework: str, backend: str, args: argparse.Namespace) -> di
 def _child(args: argparse.Namespace) -> int:
     import anyio
 
-    loadavg = os.getloadavg()[0]  # other work on the machine skews everything; recorded, not judged
+    loadavg = _harness.load_average()
     results = anyio.run(_measure, args.child, args.backend, args, backend=args.backend)
     info: dict[str, Any] = {
         "framework": args.child,
@@ -439,7 +417,7 @@ async def _helper_main(args: argparse.Namespace) -> None:
         await all_ready.wait()
         say("ready")
         await finished.wait()
-        result: dict[str, Any] = {"consumers": consumers, **_summary(latencies)}
+        result: dict[str, Any] = {"consumers": consumers, **_harness.summary_ms(latencies)}
         if args.idle > 0:
             sources = [t for t in threading.enumerate() if t.name.startswith("anywool-source-")]
             idling = True
@@ -474,15 +452,10 @@ def _helper(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def _tail(text: str, lines: int = 25) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
 def _run_child(
     framework: str, backend: str, args: argparse.Namespace, scratch: Path
-) -> tuple[dict[str, Any] | None, str | None]:
+) -> _harness.ChildResult:
     out = scratch / f"{framework}-{backend}.json"
-    out.unlink(missing_ok=True)
     command = [
         sys.executable, str(Path(__file__).resolve()),
         "--child", framework, "--backend", backend, "--out", str(out),
@@ -490,51 +463,12 @@ def _run_child(
         "--propagations", str(args.propagations), "--snapshots", str(args.snapshots),
         "--changes", str(args.changes), "--idle", str(args.idle),
     ]
-    # A session of its own, so a hung child and its helper can be ended together.
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=CHILD_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        stdout, stderr = process.communicate()
-        return None, f"timed out after {CHILD_TIMEOUT:.0f} s\n{_tail(stderr)}"
-    if process.returncode != 0 or not out.exists():
-        return None, f"exit status {process.returncode}\n{_tail(stderr or stdout)}"
-    return json.loads(out.read_text()), None
+    return _harness.run_child(command, out, CHILD_TIMEOUT)
 
 
 def _combine(results: list[dict[str, Any]]) -> dict[str, Any]:
     """The median of each figure over the repeats, with its min and max."""
-    first = results[0]
-    combined: dict[str, Any] = {
-        key: first[key] for key in ("framework", "backend", "version", "watchdog") if key in first
-    }
-    combined["loadavg"] = [r["loadavg"] for r in results]
-    combined["repeats"] = results
-    combined["results"] = {}
-    combined["spread"] = {}
-    for section, figures in first["results"].items():
-        combined["results"][section] = {}
-        combined["spread"][section] = {}
-        for name, value in figures.items():
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                continue
-            values = [r["results"][section][name] for r in results]
-            combined["results"][section][name] = statistics.median(values)
-            combined["spread"][section][name] = [min(values), max(values)]
-    return combined
-
-
-def _wool_status() -> str | None:
-    try:
-        import wool  # noqa: F401
-    except ImportError as error:
-        return str(error)
-    except Exception as error:  # a broken install is reported as a skip, not raised
-        return f"{type(error).__name__}: {error}"
-    return None
+    return _harness.combine(results, loadavg=list, spread=True)
 
 
 def _rows() -> list[tuple[str, str, str]]:
@@ -575,18 +509,9 @@ def _figure(run: dict[str, Any], section: str, field: str, where: str = "results
 
 def _print_tables(runs: dict[str, dict[str, Any]], backends: list[str], args: argparse.Namespace,
                   wool_note: str | None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(width=max(120, Console().width))
-    columns = [k for k in [f"anywool-{b}" for b in backends] + ["wool-asyncio"] if k in runs]
-    ratio_keys = [k for k in columns if k.startswith("anywool-")] if "wool-asyncio" in runs else []
-    table = Table(title="LocalDiscovery, ms", title_justify="left")
-    table.add_column("measure", no_wrap=True)
-    for key in columns:
-        table.add_column(key.replace("-", " "), justify="right", no_wrap=True)
-    for key in ratio_keys:
-        table.add_column(f"{key.split('-')[1]}÷wool", justify="right", no_wrap=True)
+    console = _harness.console()
+    columns, ratio_keys = _harness.columns(runs, backends)
+    table = _harness.comparison_table("LocalDiscovery, ms", columns, ratio_keys)
     for label, section, field in _rows():
         if not any(_figure(runs[k], section, field) is not None for k in columns):
             continue
@@ -602,11 +527,9 @@ def _print_tables(runs: dict[str, dict[str, Any]], backends: list[str], args: ar
     console.print(table)
 
     if args.repeat > 1:
-        spread = Table(title=f"Spread over {args.repeat} interleaved repeats (min–max, ms)",
-                       title_justify="left")
-        spread.add_column("measure", no_wrap=True)
-        for key in columns:
-            spread.add_column(key.replace("-", " "), justify="right", no_wrap=True)
+        spread = _harness.comparison_table(
+            f"Spread over {args.repeat} interleaved repeats (min–max, ms)", columns, []
+        )
         for label, section, field in _rows():
             if not any(_figure(runs[k], section, field) is not None for k in columns):
                 continue
@@ -618,10 +541,9 @@ def _print_tables(runs: dict[str, dict[str, Any]], backends: list[str], args: ar
         console.print(spread)
 
     if ratio_keys:
-        targets = Table(title="Targets (anywool ÷ wool, medians)", title_justify="left")
-        targets.add_column("target", no_wrap=True)
-        for key in ratio_keys:
-            targets.add_column(key.replace("-", " "), justify="right", no_wrap=True)
+        targets = _harness.comparison_table(
+            "Targets (anywool ÷ wool, medians)", ratio_keys, [], leading=("target",)
+        )
         for label, section, field, limit in TARGETS:
             cells = [f"{label} ≤ {limit:g}×"]
             for key in ratio_keys:
@@ -645,10 +567,7 @@ def _print_tables(runs: dict[str, dict[str, Any]], backends: list[str], args: ar
     if "wool-asyncio" in runs and "watchdog" in runs["wool-asyncio"]:
         versions.append(f"watchdog {runs['wool-asyncio']['watchdog']}")
     loads = ", ".join(f"{k} " + "/".join(f"{x:.1f}" for x in v["loadavg"]) for k, v in runs.items())
-    console.print(
-        f"{os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.system()} "
-        f"{platform.machine()}; " + ", ".join(versions) + f"; 1-min load average at start: {loads}"
-    )
+    console.print(_harness.machine_line(versions, f"1-min load average at start: {loads}"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -690,76 +609,32 @@ def main(argv: list[str] | None = None) -> int:
     if args.idle < 0:
         parser.error("--idle must not be negative")
 
-    backends = ["asyncio", "trio"] if args.backend == "both" else [args.backend]
     # A private runtime directory for this run: anywool's namespaces (ANYWOOL_RUNTIME_DIR) and
     # wool's lock and notification files (TMPDIR) live there. wool's shared memory lives in
     # /dev/shm; its owners and publishers unlink what they created on exit.
-    runtime = Path(tempfile.mkdtemp(prefix="awd-", dir="/tmp" if os.path.isdir("/tmp") else None))
-    saved = {name: os.environ.get(name) for name in ("ANYWOOL_RUNTIME_DIR", "TMPDIR")}
-    samples: dict[str, list[dict[str, Any]]] = {}
-    failures: dict[str, str] = {}
-    try:
-        wool_error = _wool_status()
-        (runtime / "tmp").mkdir()
-        os.environ["ANYWOOL_RUNTIME_DIR"] = str(runtime / "ns")
-        os.environ["TMPDIR"] = str(runtime / "tmp")
-        plan = [("anywool", b) for b in backends]
-        if wool_error is None:
-            plan.append(("wool", "asyncio"))
-        # Repeats go round the whole plan, so a burst of other load does not land on one column.
-        for repeat in range(args.repeat):
-            for framework, backend in plan:
-                key = f"{framework}-{backend}"
-                if key in failures:
-                    continue
-                print(f"measuring {key} ({repeat + 1}/{args.repeat}) ...", file=sys.stderr, flush=True)
-                result, failure = _run_child(framework, backend, args, runtime)
-                if result is not None:
-                    samples.setdefault(key, []).append(result)
-                else:
-                    failures[key] = failure or "unknown failure"
-                    samples.pop(key, None)
-    finally:
-        shutil.rmtree(runtime, ignore_errors=True)
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-    runs = {key: _combine(results) for key, results in samples.items()}
-    if wool_error is not None:
-        wool_note = f"wool not importable: skipped ({wool_error})"
-    elif "wool-asyncio" in failures:
-        wool_note = "wool failed: skipped (see above)"
-    else:
-        wool_note = None
-    for key, failure in failures.items():
-        print(f"{key} failed: {failure}", file=sys.stderr)
+    backends, runs, failures, wool_note = _harness.run_all(
+        args.backend,
+        args.repeat,
+        wool_module="wool",
+        runtime_prefix="awd-",
+        runtime_env={"ANYWOOL_RUNTIME_DIR": "ns", "TMPDIR": "tmp"},
+        runtime_make=("tmp",),
+        run_one=lambda framework, backend, runtime: _run_child(framework, backend, args, runtime),
+        combine_runs=_combine,
+    )
     if runs:
         _print_tables(runs, backends, args, wool_note)
     elif wool_note:
         print(wool_note)
     if args.json:
-        document = {
-            "machine": {
-                "cpus": os.cpu_count(),
-                "python": platform.python_version(),
-                "platform": platform.platform(),
-            },
-            "settings": {
-                name: getattr(args, name)
-                for name in ("claims", "publishes", "propagations", "snapshots", "changes",
-                             "idle", "repeat")
-            } | {"worker_counts": list(WORKER_COUNTS), "shared_consumers": list(SHARED_CONSUMERS),
-                 "change_settle_s": CHANGE_SETTLE},
-            "runs": runs,
-            "failures": failures,
-            "wool": "measured" if "wool-asyncio" in runs else (wool_note or "skipped"),
-        }
-        Path(args.json).write_text(json.dumps(document, indent=2) + "\n")
-    return 1 if any(k.startswith("anywool-") for k in failures) else 0
-
+        settings = {
+            name: getattr(args, name)
+            for name in ("claims", "publishes", "propagations", "snapshots", "changes",
+                         "idle", "repeat")
+        } | {"worker_counts": list(WORKER_COUNTS), "shared_consumers": list(SHARED_CONSUMERS),
+             "change_settle_s": CHANGE_SETTLE}
+        _harness.write_json(args.json, settings, runs, failures, wool_note)
+    return _harness.exit_status(failures)
 
 if __name__ == "__main__":
     sys.exit(main())

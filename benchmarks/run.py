@@ -21,19 +21,15 @@ import argparse
 import json
 import logging
 import math
-import os
-import platform
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
+
+import _harness
 
 # wool's spawned workers re-import this file (multiprocessing "spawn") and call
 # logging.basicConfig(level=INFO) on the root logger; keep its INFO chatter out of the table.
@@ -53,12 +49,6 @@ CHILD_TIMEOUT = 600.0  # seconds for one child run before it is killed (failure 
 # ---------------------------------------------------------------------------------------------
 # Measurements (run in a child process, under one event loop)
 # ---------------------------------------------------------------------------------------------
-
-
-def _percentile(sorted_values: list[float], fraction: float) -> float:
-    """Nearest-rank percentile of already sorted values."""
-    rank = max(1, math.ceil(fraction * len(sorted_values)))
-    return sorted_values[rank - 1]
 
 
 def _framework(name: str) -> tuple[Callable[[], AbstractAsyncContextManager[Any]], Any, Any]:
@@ -85,14 +75,7 @@ async def _round_trip(echo: Callable[[int], Awaitable[Any]], calls: int) -> dict
         start = clock()
         await echo(i)
         samples.append(clock() - start)
-    ms = sorted(ns / 1e6 for ns in samples)
-    return {
-        "calls": calls,
-        "median_ms": statistics.median(ms),
-        "p99_ms": _percentile(ms, 0.99),
-        "min_ms": ms[0],
-        "max_ms": ms[-1],
-    }
+    return _harness.summary_ms(samples, "calls")
 
 
 async def _throughput(echo: Callable[[int], Awaitable[Any]], total: int) -> dict[str, Any]:
@@ -196,7 +179,7 @@ def _child(framework: str, backend: str, calls: int, throughput_calls: int, out:
     import anyio
 
     sys.path.insert(0, str(HERE))
-    loadavg = os.getloadavg()[0]  # other work on the machine skews everything; recorded, not judged
+    loadavg = _harness.load_average()
     results = anyio.run(_measure, framework, calls, throughput_calls, backend=backend)
     info = {
         "framework": framework,
@@ -223,7 +206,7 @@ def _child(framework: str, backend: str, calls: int, throughput_calls: int, out:
 
 def _run_child(
     framework: str, backend: str, calls: int, throughput_calls: int, scratch: Path
-) -> tuple[dict[str, Any] | None, str | None]:
+) -> _harness.ChildResult:
     """Run one measurement child; (its results, None) or (None, why it failed)."""
     out = scratch / f"{framework}-{backend}.json"
     command = [
@@ -235,55 +218,12 @@ def _run_child(
         "--throughput-calls", str(throughput_calls),
         "--out", str(out),
     ]
-    # A session of its own, so that on a hang the child and any worker it spawned can be ended
-    # together (the pools reap their workers on every ordinary exit).
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=CHILD_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        stdout, stderr = process.communicate()
-        return None, f"timed out after {CHILD_TIMEOUT:.0f} s\n{_tail(stderr)}"
-    if process.returncode != 0 or not out.exists():
-        return None, f"exit status {process.returncode}\n{_tail(stderr or stdout)}"
-    return json.loads(out.read_text()), None
-
-
-def _tail(text: str, lines: int = 25) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
+    return _harness.run_child(command, out, CHILD_TIMEOUT)
 
 
 def _combine(results: list[dict[str, Any]]) -> dict[str, Any]:
     """One child's figures, or with repeats the median of each figure over the repeats."""
-    first = results[0]
-    combined: dict[str, Any] = {
-        "framework": first["framework"],
-        "backend": first["backend"],
-        "version": first["version"],
-        "loadavg": statistics.median(r["loadavg"] for r in results),
-        "repeats": results,
-        "results": {},
-    }
-    for section, figures in first["results"].items():
-        combined["results"][section] = {
-            name: statistics.median(r["results"][section][name] for r in results)
-            for name in figures
-        }
-    return combined
-
-
-def _wool_status() -> str | None:
-    """None when ``import wool`` (and so our wool routines) succeeds here, else why not."""
-    sys.path.insert(0, str(HERE))
-    try:
-        import wool_routines  # noqa: F401
-    except ImportError as error:
-        return str(error)
-    except Exception as error:  # a broken install is reported as a skip, not raised
-        return f"{type(error).__name__}: {error}"
-    return None
+    return _harness.combine(results, loadavg=statistics.median, spread=False)
 
 
 # (label, section, key, unit, format)
@@ -300,22 +240,11 @@ ROWS: list[tuple[str, str, str, str, str]] = [
 
 
 def _print_table(runs: dict[str, dict[str, Any]], backends: list[str], wool_note: str | None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(width=max(120, Console().width))
-    table = Table(
-        title=f"WorkerPool(spawn={SPAWN})",
-        title_justify="left",
+    console = _harness.console()
+    columns, ratio_keys = _harness.columns(runs, backends)
+    table = _harness.comparison_table(
+        f"WorkerPool(spawn={SPAWN})", columns, ratio_keys, leading=("measure", "unit")
     )
-    table.add_column("measure", no_wrap=True)
-    table.add_column("unit", no_wrap=True)
-    columns = [key for key in [f"anywool-{b}" for b in backends] + ["wool-asyncio"] if key in runs]
-    for key in columns:
-        table.add_column(key.replace("-", " "), justify="right", no_wrap=True)
-    ratio_keys = [k for k in columns if k.startswith("anywool-")] if "wool-asyncio" in runs else []
-    for key in ratio_keys:
-        table.add_column(f"{key.split('-')[1]}÷wool", justify="right", no_wrap=True)
     for label, section, field, unit, fmt in ROWS:
         cells = [label, unit]
         for key in columns:
@@ -334,12 +263,8 @@ def _print_table(runs: dict[str, dict[str, Any]], backends: list[str], wool_note
     if wool_note:
         console.print(wool_note)
     loads = ", ".join(f"{k} {v['loadavg']:.2f}" for k, v in runs.items())
-    console.print(
-        f"{os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.system()} "
-        f"{platform.machine()}; "
-        + ", ".join(sorted({f"{v['framework']} {v['version']}" for v in runs.values()}))
-        + f"; median 1-min load average at start: {loads}"
-    )
+    versions = sorted({f"{v['framework']} {v['version']}" for v in runs.values()})
+    console.print(_harness.machine_line(versions, f"median 1-min load average at start: {loads}"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -375,80 +300,39 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return _child(args.child, args.backend, args.calls, args.throughput_calls, args.out)
 
-    backends = ["asyncio", "trio"] if args.backend == "both" else [args.backend]
+    # wool_routines (importable when wool is) sits next to this script.
+    sys.path.insert(0, str(HERE))
     # A private runtime directory for this run: the pools' namespaces and sockets live there,
-    # not in the user's /dev/shm/anywool-<uid>. Short, under /tmp: it holds AF_UNIX sockets.
-    runtime = Path(tempfile.mkdtemp(prefix="awb-", dir="/tmp" if os.path.isdir("/tmp") else None))
-    previous = os.environ.get("ANYWOOL_RUNTIME_DIR")
-    os.environ["ANYWOOL_RUNTIME_DIR"] = str(runtime)
-    samples: dict[str, list[dict[str, Any]]] = {}
-    failures: dict[str, str] = {}
-    try:
-        wool_error = _wool_status()
-        plan = [("anywool", b) for b in backends]
-        if wool_error is None:
-            plan.append(("wool", "asyncio"))
-        # Repeats go round the whole plan, so that a burst of other load on the machine does
-        # not land on one framework's figures only.
-        for repeat in range(args.repeat):
-            for framework, backend in plan:
-                key = f"{framework}-{backend}"
-                if key in failures:
-                    continue
-                print(f"measuring {key} ({repeat + 1}/{args.repeat}) ...", file=sys.stderr, flush=True)
-                result, failure = _run_child(
-                    framework, backend, args.calls, args.throughput_calls, runtime
-                )
-                if result is not None:
-                    samples.setdefault(key, []).append(result)
-                else:
-                    failures[key] = failure or "unknown failure"
-                    samples.pop(key, None)
-    finally:
-        shutil.rmtree(runtime, ignore_errors=True)
-        if previous is None:
-            os.environ.pop("ANYWOOL_RUNTIME_DIR", None)
-        else:
-            os.environ["ANYWOOL_RUNTIME_DIR"] = previous
-
-    runs = {key: _combine(results) for key, results in samples.items()}
-    if wool_error is not None:
-        wool_note = f"wool not importable: skipped ({wool_error})"
-    elif "wool-asyncio" in failures:
-        wool_note = "wool failed: skipped (see above)"
-    else:
-        wool_note = None
-    for key, failure in failures.items():
-        print(f"{key} failed: {failure}", file=sys.stderr)
+    # not in the user's /dev/shm/anywool-<uid>.
+    backends, runs, failures, wool_note = _harness.run_all(
+        args.backend,
+        args.repeat,
+        wool_module="wool_routines",
+        runtime_prefix="awb-",
+        runtime_env={"ANYWOOL_RUNTIME_DIR": "."},
+        run_one=lambda framework, backend, runtime: _run_child(
+            framework, backend, args.calls, args.throughput_calls, runtime
+        ),
+        combine_runs=_combine,
+    )
     if runs:
         _print_table(runs, backends, wool_note)
     elif wool_note:
         print(wool_note)
     if args.json:
-        document = {
-            "machine": {
-                "cpus": os.cpu_count(),
-                "python": platform.python_version(),
-                "platform": platform.platform(),
-            },
-            "settings": {
-                "spawn": SPAWN,
-                "calls": args.calls,
-                "warmup_calls": WARMUP_CALLS,
-                "concurrency": CONCURRENCY,
-                "throughput_calls": args.throughput_calls,
-                "stream_items": STREAM_ITEMS,
-                "stream_runs": STREAM_RUNS,
-                "pool_runs": POOL_RUNS,
-                "repeat": args.repeat,
-            },
-            "runs": runs,
-            "failures": failures,
-            "wool": "measured" if "wool-asyncio" in runs else (wool_note or "skipped"),
+        settings = {
+            "spawn": SPAWN,
+            "calls": args.calls,
+            "warmup_calls": WARMUP_CALLS,
+            "concurrency": CONCURRENCY,
+            "throughput_calls": args.throughput_calls,
+            "stream_items": STREAM_ITEMS,
+            "stream_runs": STREAM_RUNS,
+            "pool_runs": POOL_RUNS,
+            "repeat": args.repeat,
         }
-        Path(args.json).write_text(json.dumps(document, indent=2) + "\n")
-    return 1 if any(k.startswith("anywool-") for k in failures) else 0
-
+        _harness.write_json(args.json, settings, runs, failures, wool_note)
+    return _harness.exit_status(failures)
 
 if __name__ == "__main__":
     sys.exit(main())
