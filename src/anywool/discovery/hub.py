@@ -164,8 +164,9 @@ class _Source:
         self.watcher.watch(self.binding.path / "notify")  # type: ignore[union-attr]
         self._refresh(checkpoint=checkpoint)
 
-    def discard(self) -> None:
-        """Release a source that was never started."""
+    def close(self) -> None:
+        """Release the watcher, the binding and the stop pipe: by the thread as it ends, or by
+        the attaching thread for a source it built but never started."""
         self.watcher.close()
         if self.binding is not None:
             self.binding.close()
@@ -199,12 +200,7 @@ class _Source:
                 except Exception:  # a wedged writer or an I/O error: retry next round
                     log.exception("discovery source for %r failed to refresh", self.namespace)
         finally:
-            self.watcher.close()
-            if self.binding is not None:
-                self.binding.close()
-                self.binding = None
-            os.close(self.stop_r)
-            os.close(self.stop_w)
+            self.close()
 
     def _check_stop(self) -> None:
         # Called between attempts to take the registry lock: stopping never waits on a writer.
@@ -349,7 +345,7 @@ class _Hub:
             if probe is not None:
                 probe.close()
             if fresh is not None:
-                fresh.discard()
+                fresh.close()
 
     def detach(self, source: _Source, consumer: _Consumer) -> threading.Thread | None:
         """Leave the source; returns its thread (to join) when this was the last consumer."""
