@@ -29,7 +29,7 @@ from anywool.runtime.loadbalancer import LoadBalancerLike, RoundRobinLoadBalance
 from anywool.runtime.local_worker import LocalWorker
 from anywool.runtime.pool import WorkerPool
 from anywool.runtime.proxy import WorkerProxy
-from anywool.runtime.resolve import Factory
+from anywool.runtime.resolve import Factory, resolved
 from anywool.runtime.routine import routine
 from anywool.runtime.serializer import SerializationWarning
 
@@ -64,5 +64,6 @@ __all__ = [
     "WorkerPool",
     "WorkerProxy",
     "afilter",
+    "resolved",
     "routine",
 ]

@@ -240,7 +240,9 @@ async def test_pool_borrowing_a_namespace_dispatches_to_the_owners_worker(namesp
 
 @pytest.mark.parametrize(
     ("spawn", "error", "match"),
-    [(0, ValueError, "spawn must be >= 1"), (True, TypeError, "spawn must be an int"), ("2", TypeError, "spawn")],
+    [(0, ValueError, "spawn must be between 1 and 1024, got 0"),
+     (1025, ValueError, "spawn must be between 1 and 1024, got 1025"),
+     (True, TypeError, "spawn must be an int"), ("2", TypeError, "spawn")],
 )
 async def test_invalid_spawn_is_rejected_naming_the_parameter(spawn: object, error: type, match: str) -> None:
     with anyio.fail_after(10), pytest.raises(error, match=match):
@@ -249,7 +251,7 @@ async def test_invalid_spawn_is_rejected_naming_the_parameter(spawn: object, err
 
 
 async def test_discovery_of_the_wrong_kind_is_rejected_naming_both_protocols() -> None:
-    with anyio.fail_after(10), pytest.raises(TypeError, match="DiscoveryLike or a DiscoverySubscriberLike"):
+    with anyio.fail_after(10), pytest.raises(TypeError, match="DiscoveryLike or DiscoverySubscriberLike"):
         async with WorkerPool(discovery=42):
             pass
 

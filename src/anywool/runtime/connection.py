@@ -16,6 +16,7 @@ import itertools
 import logging
 import math
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
 from typing import Any
 
@@ -171,6 +172,19 @@ class WorkerConnection:
         calls, self._calls = self._calls, {}
         for stream in calls.values():
             stream.close()
+
+    async def cancel_all(self) -> None:
+        """Ask the worker to cancel every call still open on this connection; its answers
+        reach the callers as usual (:class:`~anywool.errors.RoutineCancelled`). Best effort:
+        a broken connection is left as it is."""
+        frames = self._frames
+        if frames is None or self._failure is not None:
+            return
+        for call_id in list(self._calls):
+            try:
+                await frames.send(Frame(Kind.CANCEL, call_id))
+            except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return
 
     # -- calls -------------------------------------------------------------------------------
 
@@ -351,7 +365,9 @@ class _Call:
         raise self.remote_exception(frame)
 
 
-async def drive_stream(open_call: Callable[[], Awaitable[_Call]]) -> AsyncGenerator[Any, Any]:
+async def drive_stream(
+    open_call: Callable[[], Awaitable[_Call]], busy: AbstractContextManager[object] = nullcontext()
+) -> AsyncGenerator[Any, Any]:
     """An async generator mirroring a remote generator one step per frame.
 
     ``open_call`` starts the remote call (e.g. :meth:`WorkerConnection.stream` through a load
@@ -360,13 +376,16 @@ async def drive_stream(open_call: Callable[[], Awaitable[_Call]]) -> AsyncGenera
     ``asend(v)`` sends ``v`` to the remote generator; ``athrow(exc)`` throws ``exc`` into it;
     ``aclose()`` closes it (its ``finally`` blocks run on the worker before ``aclose`` returns).
     Yields happen outside any cancel scope: the frames come from the connection's reader task
-    through this call's memory object stream.
+    through this call's memory object stream. ``busy`` is entered around every step that awaits
+    the worker (not while the generator is suspended at a yield), so an owner can drain them.
     """
-    call = await open_call()
+    with busy:
+        call = await open_call()
     try:
         kind, payload = Kind.ASEND, serializer.dumps(None)
         while True:
-            done, item = await call.step(kind, payload)
+            with busy:
+                done, item = await call.step(kind, payload)
             if done:
                 return
             try:
@@ -374,7 +393,8 @@ async def drive_stream(open_call: Callable[[], Awaitable[_Call]]) -> AsyncGenera
             except GeneratorExit:
                 if not call.finished:
                     # END when the remote generator closed; its RuntimeError if it yielded again.
-                    await call.step(Kind.ACLOSE)
+                    with busy:
+                        await call.step(Kind.ACLOSE)
                 raise
             except BaseException as exc:  # athrow(): forward it into the remote generator
                 kind, payload = Kind.ATHROW, serializer.dumps_exception(exc)

@@ -27,6 +27,7 @@ from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from anywool import _validate
+from anywool._teardown import graceful_then_forceful
 from anywool.errors import WorkerError
 from anywool.metadata import WorkerMetadata
 from anywool.runtime.worker import SYS_PATH_ENV
@@ -74,9 +75,10 @@ class LocalWorker:
 
     Entering raises :class:`~anywool.errors.WorkerError` when the process does not start or
     report its address within ``startup_timeout`` (the process is killed and reaped first), and
-    ``RuntimeError`` on a second entry. Exiting sends the stop request, waits up to
-    ``shutdown_timeout`` seconds, then SIGTERM (3 s), then SIGKILL; it always reaps the process and
-    removes the socket file, is shielded against cancellation, bounded in time, and never raises.
+    ``RuntimeError`` on a second entry. Exiting is :meth:`stop` with ``shutdown_timeout``: the
+    drain may be cut short by the caller's cancellation, and then the process is terminated,
+    killed if need be, and always reaped and its socket file removed, bounded in time; it never
+    raises an ``Exception``.
     """
 
     def __init__(
@@ -147,8 +149,9 @@ class LocalWorker:
                 extra=self._extra,
             )
         except BaseException:
+            self._process = None
             with anyio.CancelScope(shield=True):
-                await self._reap(grace=None)
+                await self._kill(process, term=False)
             raise
         return self
 
@@ -175,32 +178,64 @@ class LocalWorker:
             raise WorkerError(f"pid {process.pid}", f"reported a malformed address {address!r}")
         return address
 
+    async def wait(self) -> int:
+        """Wait until the worker process exits, however it ends, and return its exit code.
+
+        :raises RuntimeError: the worker has not started, or was already stopped and reaped.
+
+        Cancellation: only the wait is cancelled; the process is unaffected.
+        """
+        process = self._process
+        if process is None:
+            raise RuntimeError("the LocalWorker is not running")
+        return await process.wait()
+
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        with anyio.CancelScope(shield=True):
-            try:
-                await self._reap(grace=self._shutdown_timeout)
-            except Exception:
-                log.exception("stopping worker %s failed", self._metadata)
+        await self.stop(self._shutdown_timeout)
 
-    async def _reap(self, grace: float | None) -> None:
-        """Stop (with ``grace``; ``None``: kill at once) and reap the process; remove its socket."""
+    async def stop(self, grace: float) -> None:
+        """Stop the worker and reap it; a no-op once it was stopped.
+
+        First the stop request: the worker refuses new calls and drains the ones in flight for
+        ``grace`` seconds (``0``: cancels them at once). This part waits on the worker and runs
+        in the caller's cancel scopes: cancelling it (or an enclosing deadline) cuts the drain
+        short. Then, shielded and whatever happened before: SIGTERM (the worker cancels its
+        calls; 3 s), SIGKILL (5 s), reaping, and removal of the socket file.
+
+        :param grace: seconds (≥ 0) the worker may drain its in-flight calls.
+
+        Never raises an ``Exception`` (failures are logged); re-raises the caller's cancellation
+        after the process is reaped.
+        """
         process, self._process = self._process, None
         if process is None:
             return
-        try:
-            if grace is not None and process.returncode is None:
+
+        async def drain() -> None:
+            if process.returncode is None:
                 await self._request_stop(process, grace)
-                with anyio.move_on_after(grace + 1.0):
-                    await process.wait()
+                await process.wait()
+
+        async def kill() -> None:
+            await self._kill(process)
+
+        await graceful_then_forceful(
+            drain, kill, timeout=grace + 1.0, what=f"stopping worker pid {process.pid}",
+            log=log, forceful_timeout=_TERM_TIMEOUT + _KILL_TIMEOUT + 2.0,
+        )
+
+    async def _kill(self, process: Process, *, term: bool = True) -> None:
+        """SIGTERM (unless ``term`` is false), then SIGKILL, until reaped; remove the socket."""
+        try:
             for sig, timeout in ((signal.SIGTERM, _TERM_TIMEOUT), (signal.SIGKILL, _KILL_TIMEOUT)):
                 if process.returncode is not None:
                     break
-                if grace is None and sig == signal.SIGTERM:
+                if sig == signal.SIGTERM and not term:
                     continue
                 try:
                     process.send_signal(sig)
@@ -209,7 +244,8 @@ class LocalWorker:
                 with anyio.move_on_after(timeout):
                     await process.wait()
             if process.returncode is None:
-                log.error("worker pid %s survived SIGKILL for %s seconds", process.pid, _KILL_TIMEOUT)
+                log.error("worker pid %s survived SIGKILL for %s seconds", process.pid,
+                          _KILL_TIMEOUT)
         finally:
             with anyio.move_on_after(1.0):
                 await process.aclose()

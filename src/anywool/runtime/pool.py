@@ -1,98 +1,209 @@
 """WorkerPool: spawn workers, announce them through discovery, dispatch routines to them.
 
-The pool is an owner composed of smaller owners, entered in this order and exited in reverse on
-one :class:`~contextlib.AsyncExitStack` (so exactly what was entered is exited, once):
+The pool is an owner composed of smaller owners, entered in this order on one
+:class:`~contextlib.AsyncExitStack` (so exactly what was entered is exited, once, in reverse):
 
-1. the discovery service when the pool owns it (a fresh :class:`LocalDiscovery` by default);
-2. a task group hosting one task per spawned :class:`LocalWorker` (each worker is entered and
-   exited in its own hosting task, so the workers start and stop concurrently);
+1. the load balancer and the discovery, each resolved from its Factory form (what a form needs
+   entering is entered here, by the pool, and by nobody else);
+2. a task group hosting one *supervisor* task per spawned worker: it enters the
+   :class:`LocalWorker`, replaces it if its process dies, and stops it when the pool exits;
 3. the discovery publisher, which announces the spawned workers;
 4. the :class:`WorkerProxy` over the discovery subscriber, which makes the pool the active
    dispatcher for ``@routine`` calls in the block.
 
-Exit: the proxy closes its connections; ``worker-dropped`` is announced for each spawned worker
-(bounded; a failure or hang is logged, never fatal); the publisher is exited; every worker is
-stopped within ``shutdown_timeout`` and reaped; the discovery service is exited.
+Exit has two budgets. ``announce_timeout`` covers everything that waits on the namespace (the
+drop announcements, the publisher's exit, the discovery's exit); ``shutdown_timeout`` covers the
+calls (the pool's own in-flight calls, then the workers' drain). Each waiting step runs in the
+caller's cancel scopes and gives up at its budget's end (logged with its ``TimeoutError``); what
+must happen whatever (terminating and reaping every worker, removing files) is shielded. See
+:mod:`anywool._teardown`.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Iterable
-from contextlib import AsyncExitStack
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager
 from types import TracebackType
 from typing import Any
+from uuid import UUID
 
 import anyio
-from anyio.abc import TaskGroup, TaskStatus
+from anyio.abc import TaskStatus
 
 from anywool import _validate
 from anywool.discovery.protocols import DiscoveryLike, DiscoveryPublisherLike, DiscoverySubscriberLike
-from anywool.runtime.loadbalancer import LoadBalancerLike
+from anywool.errors import WorkerError
+from anywool.runtime.loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
 from anywool.runtime.local_worker import LocalWorker, current_backend
 from anywool.runtime.proxy import WorkerProxy
-from anywool.runtime.resolve import resolve
+from anywool.runtime.resolve import expected_names, is_factory, resolved
 
-__all__ = ["WorkerPool"]
+__all__ = ["MAX_SPAWN", "WorkerPool"]
 
 log = logging.getLogger(__name__)
 
+#: The most workers one pool may spawn.
+MAX_SPAWN = 1024
+# A replacement that dies sooner than this after starting counts as failing at start-up; after
+# this many such failures in a row its slot is given up.
+_MIN_UPTIME = 2.0
+_MAX_START_FAILURES = 3
+_RESTART_BACKOFF = 0.1
 
-def _is_bare_subscriber(obj: object) -> bool:
-    return isinstance(obj, DiscoverySubscriberLike) and not isinstance(obj, DiscoveryLike)
+_SPAWNING_ACCEPTS = (DiscoveryLike,)
+_DURABLE_ACCEPTS = (DiscoveryLike, DiscoverySubscriberLike)
 
 
-def _taken_as_is(obj: object) -> bool:
-    # A bare subscriber is consumed, never entered; a discovery its caller already entered
-    # (e.g. ``async with LocalDiscovery(ns) as d: WorkerPool(discovery=d)``) stays the caller's.
-    return _is_bare_subscriber(obj) or getattr(obj, "claimed", False) is True
+def _is_entered(obj: object) -> bool:
+    # A discovery its caller already entered (``async with LocalDiscovery(ns) as d:
+    # WorkerPool(discovery=d)``) stays the caller's: the pool uses it and never exits it.
+    return getattr(type(obj), "claimed", None) is not None and getattr(obj, "claimed", False) is True
+
+
+def _is_loadbalancer(obj: object) -> bool:
+    return not isinstance(obj, type) and isinstance(obj, LoadBalancerLike)
+
+
+class _Budget:
+    """Seconds to spend, at exit, on one kind of waiting; each step spends what it uses."""
+
+    def __init__(self, seconds: float) -> None:
+        self.left = seconds
+
+    def spend_since(self, start: float) -> None:
+        self.left = max(0.0, self.left - (anyio.current_time() - start))
+
+    @contextmanager
+    def scope(self, *, fail: bool = False) -> Iterator[anyio.CancelScope]:
+        """A cancel scope (``fail``: raising ``TimeoutError``) ending when the budget does."""
+        start = anyio.current_time()
+        try:
+            with (anyio.fail_after if fail else anyio.move_on_after)(self.left) as scope:
+                yield scope
+        finally:
+            self.spend_since(start)
+
+
+class _ExitWithin:
+    """An async context manager whose exit spends at most what is left of a budget.
+
+    The bounding cancel scope is entered *before* the inner context manager and exited after
+    it, so a task group the inner one holds nests inside it, as scopes must.
+    """
+
+    def __init__(self, inner: AbstractAsyncContextManager[Any], budget: _Budget) -> None:
+        self._inner = inner
+        self._budget = budget
+        self._scope = anyio.CancelScope()
+
+    async def __aenter__(self) -> Any:
+        self._scope.__enter__()
+        try:
+            return await self._inner.__aenter__()
+        except BaseException as exc:
+            self._scope.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        start = anyio.current_time()
+        self._scope.deadline = start + self._budget.left
+        try:
+            suppress = await self._inner.__aexit__(exc_type, exc, tb)
+        except BaseException as error:
+            self._budget.spend_since(start)
+            if self._scope.__exit__(type(error), error, error.__traceback__):
+                return None  # our own deadline: the caller's exception (if any) goes on
+            raise
+        self._budget.spend_since(start)
+        self._scope.__exit__(None, None, None)
+        return suppress
 
 
 class WorkerPool:
     """Workers for the routines called inside an ``async with`` block.
 
-    ============  =====================================  =========================================
-    ``spawn``     ``discovery``                          the pool
-    ============  =====================================  =========================================
-    ``None``      ``None``                               owns a fresh ``LocalDiscovery``, spawns
-                                                         ``os.cpu_count()`` workers
-    N             ``None``                               owns a fresh ``LocalDiscovery``, spawns N
-    ``None``      a DiscoveryLike (e.g. ``LocalDiscovery(ns)``)  enters (owns) it, spawns nothing,
-                                                         uses the workers found there
-    N             a DiscoveryLike                        owns it, spawns N, publishes them, also
-                                                         uses other workers found there
-    ``None``      a bare subscriber (e.g.                borrows: consumes the subscriber, spawns
-                  ``LocalDiscovery.Subscriber(ns)``)     nothing
-    ============  =====================================  =========================================
+    ============  =============================================  ====================================
+    ``spawn``     ``discovery``                                  the pool
+    ============  =============================================  ====================================
+    ``None``      ``None``                                       owns a fresh ``LocalDiscovery``,
+                                                                 spawns ``os.cpu_count()`` workers
+    N             ``None``                                       owns a fresh ``LocalDiscovery``,
+                                                                 spawns N
+    ``None``      a ``DiscoveryLike`` (e.g. ``LocalDiscovery(ns)``)  owns it (claims ``ns``), spawns
+                                                                 nothing, uses the workers that
+                                                                 others publish there
+    ``None``      a bare subscriber (e.g.                        borrows: iterates the subscriber,
+                  ``LocalDiscovery.Subscriber(ns)``)             owns and creates nothing
+    N             a ``DiscoveryLike``                            owns it, spawns N, publishes them,
+                                                                 also uses other workers found there
+    ============  =============================================  ====================================
 
-    ``discovery`` may be given in any Factory form (see :mod:`anywool.runtime.resolve`); a bare
-    subscriber is always taken as it is, never entered, and so is a discovery that is already
-    entered (``claimed`` is true, e.g. the ``d`` of ``async with LocalDiscovery(ns) as d``): its
-    owner stays whoever entered it, and the pool only publishes into it and reads from it. The resolved object is classified once:
-    ``DiscoveryLike`` first, then ``DiscoverySubscriberLike``.
+    ``discovery`` and ``loadbalancer`` may be given in any Factory form (an instance, a callable
+    or class returning one, an awaitable, a sync or async context manager; see
+    :func:`anywool.resolved`). The pool resolves them on entry, enters what needs entering
+    (exactly once) and exits it on exit (exactly once); the proxy only iterates the subscriber.
+    A ``LocalDiscovery`` its caller already entered stays the caller's. A durable pool
+    (``spawn=None`` with a ``discovery``) classifies what it resolved once: a ``DiscoveryLike``
+    first (it uses its ``subscriber``), else a ``DiscoverySubscriberLike``.
 
-    :param spawn: number of local workers to start (``int`` ≥ 1), or ``None`` (see the table).
+    Spawned workers carry ``tags`` and the pool's namespace as tags. A spawned worker whose
+    process dies is withdrawn from discovery at once and replaced (logged); one that keeps
+    failing at start-up is given up after 3 tries (logged as an error naming the cause).
+
+    :param spawn: number of local workers to start (``int``, 1 to :data:`MAX_SPAWN`), or
+        ``None`` (see the table).
     :param discovery: where workers are announced and found (see the table).
     :param tags: tags of the spawned workers; the proxy admits only workers carrying all of them.
     :param backend: ``"asyncio"`` or ``"trio"`` for the spawned workers (``None``: the backend
         running the pool).
-    :param loadbalancer: chooses the worker per call (default: round robin).
-    :param quorum_timeout: seconds (≥ 0) a dispatch waits for a first connected worker.
+    :param loadbalancer: chooses the worker per call, in any Factory form of a
+        ``LoadBalancerLike`` (default: round robin).
+    :param lazy: ``False``: entering waits until ``quorum`` workers are connected; ``True``: the
+        first dispatch waits for them.
+    :param quorum: connected workers (``int`` ≥ 1) required before dispatching; at most ``spawn``
+        when the pool only has its own workers.
+    :param quorum_timeout: seconds (≥ 0) the quorum wait, and any dispatch finding no connected
+        worker, waits.
+    :param lease: admit at most this many discovered workers (``int`` ≥ 0) beyond the pool's own
+        (``None``: no limit).
     :param startup_timeout: seconds (> 0) each spawned worker gets to report its address.
-    :param shutdown_timeout: seconds (≥ 0) each spawned worker gets to drain its calls when the
-        pool exits, before SIGTERM and SIGKILL.
-    :param announce_timeout: seconds (≥ 0) allowed for announcing dropped workers at exit.
-    :raises TypeError: an argument has the wrong type (checked at construction).
-    :raises ValueError: an argument is out of range (checked at construction).
+    :param shutdown_timeout: seconds (≥ 0) the pool's own in-flight calls, then the workers' other
+        in-flight calls, get to finish when the pool exits, before they are cancelled.
+    :param announce_timeout: seconds (≥ 0) allowed, at exit, for everything that waits on the
+        discovery namespace: announcing dropped workers, the publisher's and the discovery's own
+        exits.
+    :raises TypeError: an argument has the wrong type, e.g. a ``discovery`` or ``loadbalancer``
+        that is neither a protocol instance nor a Factory form, or a bare subscriber given to a
+        spawning pool (checked at construction where the value says so, else at entry).
+    :raises ValueError: an argument is out of range (the message names it and its value).
 
-    Entering raises ``TypeError``/``ValueError`` for a bad ``spawn`` (naming it),
-    ``TypeError`` when ``discovery`` resolves to neither protocol, ``ValueError`` when ``spawn``
-    is combined with a bare subscriber (it cannot publish), ``RuntimeError`` on a second entry,
-    :class:`~anywool.errors.WorkerError` when a worker fails to start, and whatever entering the
-    discovery raises (e.g. :class:`~anywool.errors.DiscoveryNamespaceInUse`); what was entered
-    before the failure is exited first. Exiting is bounded, never raises over the exception the
-    block is unwinding, and leaves no worker process or socket file behind.
+    Entering raises ``TypeError`` naming the accepted protocols when ``discovery`` or
+    ``loadbalancer`` resolves to something else, ``RuntimeError`` on a second entry,
+    :class:`~anywool.errors.WorkerError` when a worker fails to start, ``TimeoutError`` when
+    ``lazy=False`` and the quorum is not met in ``quorum_timeout``, and whatever entering the
+    discovery raises (e.g. :class:`~anywool.errors.DiscoveryNamespaceInUse`, or
+    :class:`~anywool.errors.DiscoveryNamespaceNotFound` for a non-lazy borrower with no owner to
+    borrow from); what was entered before the failure is exited first.
+
+    Exiting: new calls raise ``RuntimeError``; ``worker-dropped`` is announced for the spawned
+    workers (within ``announce_timeout``); the pool's own calls in flight may finish within
+    ``shutdown_timeout``, after which they are cancelled on their workers and raise
+    :class:`~anywool.errors.RoutineCancelled`; the workers drain other callers' calls for what is
+    left of ``shutdown_timeout`` and are stopped (SIGTERM, then SIGKILL) and reaped. The whole
+    exit takes at most ``announce_timeout + shutdown_timeout`` plus a few seconds for workers
+    that ignore SIGTERM, whatever other processes do (a registry lock held elsewhere included).
+    If the exit is cancelled, the waiting parts end at once and the workers are still stopped and
+    reaped before the cancellation propagates. It never raises over the exception the block is
+    unwinding.
     """
 
     def __init__(
@@ -102,17 +213,48 @@ class WorkerPool:
         discovery: Any = None,
         tags: Iterable[str] = (),
         backend: str | None = None,
-        loadbalancer: LoadBalancerLike | None = None,
+        loadbalancer: Any = None,
+        lazy: bool = True,
+        quorum: int = 1,
         quorum_timeout: float = 10.0,
+        lease: int | None = None,
         startup_timeout: float = 30.0,
         shutdown_timeout: float = 10.0,
         announce_timeout: float = 5.0,
     ) -> None:
-        self._spawn = spawn
+        self._spawn = None if spawn is None else _validate.count("spawn", spawn, upper=MAX_SPAWN)
+        if discovery is not None and not is_factory(discovery):
+            accepts = _SPAWNING_ACCEPTS if self._spawn is not None else _DURABLE_ACCEPTS
+            if not isinstance(discovery, accepts):
+                raise TypeError(
+                    f"discovery must be a {expected_names(accepts)}"
+                    + (" (a spawning pool publishes its workers)" if self._spawn is not None
+                       else "")
+                    + f", or a Factory form of one; got {discovery!r}"
+                )
         self._discovery = discovery
+        if loadbalancer is not None and not (_is_loadbalancer(loadbalancer)
+                                             or is_factory(loadbalancer)):
+            raise TypeError(
+                "loadbalancer must be a LoadBalancerLike, or a Factory form of one (a class, a "
+                f"callable, an awaitable or a context manager); got {loadbalancer!r}"
+            )
+        self._loadbalancer = loadbalancer
         self._tags = _validate.tag_set("tags", tags)
         self._backend = _validate.backend(backend)
-        self._loadbalancer = loadbalancer
+        if not isinstance(lazy, bool):
+            raise TypeError(f"lazy must be a bool, got {lazy!r}")
+        self._lazy = lazy
+        self._quorum = _validate.count("quorum", quorum, upper=1 << 20)
+        if discovery is None:
+            own = self._spawn if self._spawn is not None else (os.cpu_count() or 1)
+            if self._quorum > own:
+                raise ValueError(
+                    f"quorum must be at most the {own} workers the pool spawns when it uses no "
+                    f"other discovery, got quorum={quorum!r}"
+                )
+        self._lease = None if lease is None else _validate.count("lease", lease, lower=0,
+                                                                   upper=1 << 20)
         self._quorum_timeout = _validate.duration("quorum_timeout", quorum_timeout, allow_zero=True)
         self._startup_timeout = _validate.duration("startup_timeout", startup_timeout, allow_zero=False)
         self._shutdown_timeout = _validate.duration("shutdown_timeout", shutdown_timeout, allow_zero=True)
@@ -120,17 +262,25 @@ class WorkerPool:
         self._entered = False
         self._stack: AsyncExitStack | None = None
         self._workers: list[LocalWorker] = []
+        self._own: set[UUID] = set()
         self._proxy: WorkerProxy | None = None
         self._resolved: Any = None
+        self._publisher: DiscoveryPublisherLike | None = None
+        self._published = False
+        self._publishing = anyio.Lock()
+        self._exiting = False
+        self._stopping = anyio.Event()
+        self._announce_budget = _Budget(self._announce_timeout)
+        self._shutdown_budget = _Budget(self._shutdown_timeout)
 
     @property
     def workers(self) -> list[LocalWorker]:
-        """The workers this pool spawned (empty when it spawns none)."""
+        """The workers this pool spawned and that are running now (empty when it spawns none)."""
         return list(self._workers)
 
     @property
     def discovery(self) -> Any:
-        """The discovery the pool resolved on entry (a DiscoveryLike or a bare subscriber).
+        """What ``discovery`` resolved to on entry (a DiscoveryLike or a bare subscriber).
 
         :raises RuntimeError: the pool is not entered.
         """
@@ -148,28 +298,19 @@ class WorkerPool:
             raise RuntimeError("the WorkerPool is not entered")
         return self._proxy
 
-    def _spawn_count(self, owns_default_discovery: bool) -> int:
-        spawn = self._spawn
-        if spawn is None:
-            return (os.cpu_count() or 1) if owns_default_discovery else 0
-        if isinstance(spawn, bool) or not isinstance(spawn, int):
-            raise TypeError(f"spawn must be an int >= 1 or None, got {spawn!r}")
-        if spawn < 1:
-            raise ValueError(f"spawn must be >= 1 (or None), got {spawn!r}")
-        return spawn
+    # -- entry ---------------------------------------------------------------------------------
 
     async def __aenter__(self) -> WorkerPool:
         if self._entered:
             raise RuntimeError("a WorkerPool is single-use; create a new one")
         self._entered = True
-        count = self._spawn_count(self._discovery is None)
         stack = AsyncExitStack()
         await stack.__aenter__()
         try:
-            await self._enter(stack, count)
+            await self._enter(stack)
         except BaseException as exc:
             # Not wrapped in a shield: the stack holds task groups entered before it would be.
-            # Every step on it shields and bounds its own teardown.
+            # Every step on it bounds its own teardown and shields what must happen.
             try:
                 await stack.__aexit__(type(exc), exc, exc.__traceback__)
             except Exception:
@@ -178,66 +319,71 @@ class WorkerPool:
         self._stack = stack
         return self
 
-    async def _enter(self, stack: AsyncExitStack, count: int) -> None:
+    async def _enter(self, stack: AsyncExitStack) -> None:
+        if self._loadbalancer is None:
+            balancer: LoadBalancerLike = RoundRobinLoadBalancer()
+        else:
+            balancer = await stack.enter_async_context(resolved(
+                self._loadbalancer, expect=LoadBalancerLike, is_value=_is_loadbalancer,
+                name="loadbalancer"))
         factory = self._discovery
+        count = self._spawn
         if factory is None:
             from anywool.discovery.local import LocalDiscovery
 
             factory = LocalDiscovery()
-        discovery = self._resolved = await resolve(factory, stack, is_value=_taken_as_is)
-        owned: DiscoveryLike | None = None
+            count = self._spawn or os.cpu_count() or 1
+        accepts = _SPAWNING_ACCEPTS if count else _DURABLE_ACCEPTS
+        discovery = self._resolved = await stack.enter_async_context(_ExitWithin(
+            resolved(factory, expect=accepts, is_value=_is_entered, name="discovery"),
+            self._announce_budget))
         if isinstance(discovery, DiscoveryLike):
-            owned = discovery
+            owned: DiscoveryLike | None = discovery
             subscriber = discovery.subscriber
-        elif isinstance(discovery, DiscoverySubscriberLike):
-            if count:
-                raise ValueError(
-                    "spawn needs a DiscoveryLike to publish the workers it starts; "
-                    f"{discovery!r} is only a subscriber"
-                )
-            subscriber = discovery
         else:
-            raise TypeError(
-                "discovery must resolve to a DiscoveryLike or a DiscoverySubscriberLike, "
-                f"got {discovery!r}"
-            )
+            owned, subscriber = None, discovery
         if owned is not None and count:
-            await self._start_workers(stack, count)
-            publisher = await resolve(owned.publisher, stack)
-            if not isinstance(publisher, DiscoveryPublisherLike):
-                raise TypeError(f"discovery.publisher is not a DiscoveryPublisherLike: {publisher!r}")
-            stack.push_async_callback(self._announce_dropped, publisher)
-            for worker in self._workers:
-                await publisher.publish("worker-added", worker.metadata)
+            namespace = getattr(owned, "namespace", None)
+            tags = self._tags | ({namespace} if isinstance(namespace, str) else set())
+            await self._start_workers(stack, count, tags)
+            publisher = self._publisher = await stack.enter_async_context(_ExitWithin(
+                resolved(owned.publisher, expect=DiscoveryPublisherLike,
+                         name="discovery.publisher"), self._announce_budget))
+            async with self._publishing:
+                for worker in list(self._workers):
+                    await publisher.publish("worker-added", worker.metadata)
+                self._published = True
         self._proxy = WorkerProxy(
             subscriber,
-            loadbalancer=self._loadbalancer,
+            loadbalancer=balancer,
             tags=self._tags or None,
+            lazy=self._lazy,
+            quorum=self._quorum,
             quorum_timeout=self._quorum_timeout,
+            lease=self._lease,
         )
+        self._proxy._own = self._own
         await stack.enter_async_context(self._proxy)
+        stack.push_async_callback(self._begin_exit)
 
-    async def _start_workers(self, stack: AsyncExitStack, count: int) -> None:
-        hosts = anyio.create_task_group()
-        await hosts.__aenter__()
-        stopping = anyio.Event()
+    async def _start_workers(self, stack: AsyncExitStack, count: int, tags: frozenset[str]) -> None:
+        supervisors = anyio.create_task_group()
+        await supervisors.__aenter__()
 
-        async def close_hosts() -> None:
-            stopping.set()
-            await hosts.__aexit__(None, None, None)
+        async def stop_supervisors() -> None:
+            self._stopping.set()
+            await supervisors.__aexit__(None, None, None)
 
-        stack.push_async_callback(close_hosts)
+        stack.push_async_callback(stop_supervisors)
         backend = self._backend or current_backend()
         failures: list[BaseException] = []
 
-        async def start_one(starters: TaskGroup) -> None:
+        async def start_one(starters: anyio.abc.TaskGroup) -> None:
             try:
-                worker = await hosts.start(self._host_worker, backend, stopping)
+                await supervisors.start(self._supervise, backend, tags)
             except Exception as exc:
                 failures.append(exc)
                 starters.cancel_scope.cancel()
-            else:
-                self._workers.append(worker)
 
         async with anyio.create_task_group() as starters:
             for _ in range(count):
@@ -245,32 +391,108 @@ class WorkerPool:
         if failures:
             raise failures[0]
 
-    async def _host_worker(
-        self, backend: str, stopping: anyio.Event, *, task_status: TaskStatus[LocalWorker]
-    ) -> None:
-        worker = LocalWorker(
-            backend=backend,
-            tags=self._tags,
-            startup_timeout=self._startup_timeout,
-            shutdown_timeout=self._shutdown_timeout,
-        )
-        async with worker:
-            task_status.started(worker)
-            await stopping.wait()
+    # -- supervision ---------------------------------------------------------------------------
 
-    async def _announce_dropped(self, publisher: DiscoveryPublisherLike) -> None:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(self._announce_timeout) as scope:
-            for worker in self._workers:
+    async def _supervise(
+        self, backend: str, tags: frozenset[str], *, task_status: TaskStatus[LocalWorker]
+    ) -> None:
+        """Run one worker slot: start a worker, replace it when its process dies, stop it when
+        the pool exits. The first start's failure is the caller's (``task_status``)."""
+        started = False
+        start_failures = 0
+        while not (self._stopping.is_set() or self._exiting):
+            worker = LocalWorker(backend=backend, tags=tags, startup_timeout=self._startup_timeout,
+                                 shutdown_timeout=self._shutdown_timeout)
+            try:
+                async with worker:
+                    self._own.add(worker.metadata.uid)
+                    self._workers.append(worker)
+                    if started:
+                        await self._announce(worker, "worker-added")
+                    else:
+                        started = True
+                        task_status.started(worker)
+                    born = anyio.current_time()
+                    code = await self._until_exit_or_stop(worker)
+                    self._workers.remove(worker)
+                    if code is None:
+                        await worker.stop(self._shutdown_budget.left)
+                        return
+                    log.warning("worker pid %s exited unexpectedly (code %s); replacing it",
+                                worker.pid, code)
+                    await self._announce(worker, "worker-dropped")
+                    self._own.discard(worker.metadata.uid)
+            except WorkerError as exc:
+                if not started:
+                    raise
+                reason: BaseException | str = exc
+            else:
+                if anyio.current_time() - born >= _MIN_UPTIME:
+                    start_failures = 0
+                    continue
+                reason = f"it exited {anyio.current_time() - born:.2f} s after starting"
+            start_failures += 1
+            if start_failures >= _MAX_START_FAILURES:
+                log.error("giving up a worker slot of %r after %d failed starts in a row; "
+                          "last: %s", self, start_failures, reason)
+                return
+            with anyio.move_on_after(_RESTART_BACKOFF * 2 ** (start_failures - 1)):
+                await self._stopping.wait()
+
+    async def _until_exit_or_stop(self, worker: LocalWorker) -> int | None:
+        """The worker's exit code if its process ends by itself, ``None`` if the pool stops."""
+        code: int | None = None
+        async with anyio.create_task_group() as tg:
+
+            async def watch_process() -> None:
+                nonlocal code
+                code = await worker.wait()
+                tg.cancel_scope.cancel()
+
+            async def watch_pool() -> None:
+                await self._stopping.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch_process)
+            tg.start_soon(watch_pool)
+        return code
+
+    async def _announce(self, worker: LocalWorker, kind: str) -> None:
+        """Publish one worker's change, once the initial announcement has been made."""
+        async with self._publishing:
+            if not self._published or self._publisher is None or self._stopping.is_set():
+                return
+            try:
+                with anyio.fail_after(self._announce_timeout):
+                    await self._publisher.publish(kind, worker.metadata)  # type: ignore[arg-type]
+            except Exception:
+                log.warning("announcing %s for %s failed", kind, worker.metadata, exc_info=True)
+
+    # -- exit ----------------------------------------------------------------------------------
+
+    async def _begin_exit(self) -> None:
+        """First steps of exit: stop taking calls, announce the drops, drain own calls."""
+        proxy = self._proxy
+        assert proxy is not None
+        proxy.deactivate()
+        self._exiting = True
+        async with self._publishing:
+            publisher, self._published = self._publisher, False
+            workers = list(self._workers)
+            if publisher is not None and workers:
                 try:
-                    await publisher.publish("worker-dropped", worker.metadata)
+                    with self._announce_budget.scope(fail=True):
+                        for worker in workers:
+                            await publisher.publish("worker-dropped", worker.metadata)
+                except TimeoutError:
+                    log.warning("announcing the dropped workers of %r gave up after %s seconds; "
+                                "stopping them anyway", self, self._announce_timeout,
+                                exc_info=True)
                 except Exception:
-                    log.warning(
-                        "announcing worker-dropped for %s failed", worker.metadata, exc_info=True
-                    )
-        if scope.cancelled_caught:
-            log.warning(
-                "announcing dropped workers timed out after %s seconds", self._announce_timeout
-            )
+                    log.warning("announcing the dropped workers of %r failed; stopping them "
+                                "anyway", self, exc_info=True)
+        with self._shutdown_budget.scope():
+            await proxy.drain()
 
     async def __aexit__(
         self,
@@ -279,7 +501,6 @@ class WorkerPool:
         tb: TracebackType | None,
     ) -> None:
         stack, self._stack = self._stack, None
-        self._proxy = None
         if stack is None:
             return
         try:
@@ -288,3 +509,9 @@ class WorkerPool:
             if exc_type is None:
                 raise
             log.exception("WorkerPool teardown failed while the block was raising")
+        finally:
+            self._proxy = None
+
+    def __repr__(self) -> str:
+        where = getattr(self._resolved, "namespace", None) if self._resolved is not None else None
+        return f"WorkerPool(spawn={self._spawn!r}, namespace={where!r})"

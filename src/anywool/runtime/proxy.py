@@ -1,15 +1,17 @@
 """WorkerProxy: dispatch routines to the workers a discovery subscriber reports.
 
 The proxy is an owner. Its task group holds the *sentinel* (the one task iterating the
-subscriber) and one task per admitted worker, which enters that worker's
-:class:`~anywool.runtime.connection.WorkerConnection` and keeps it open until the worker is
-dropped, its connection fails, or the proxy exits; so every connection is entered and exited in
-the same task. Callers only send frames and read their call's memory stream.
+subscriber) and one task per admitted worker, which connects to that worker and keeps a
+:class:`~anywool.runtime.connection.WorkerConnection` open until the worker is dropped or the
+proxy exits, reconnecting with backoff when the connection is lost while the worker is still
+announced; every connection is entered and exited in that one task. Callers only send frames and
+read their call's memory stream.
 
-The subscriber is consumed as given: the proxy never enters it and never owns what it reads
-from. A subscriber whose iteration raises (for example
-:class:`~anywool.errors.DiscoveryNamespaceNotFound`) fails every waiting and later dispatch with
-that exception at once.
+The subscriber is consumed as given: the proxy iterates it and never enters, exits or resolves
+it, so whoever created it owns its lifetime (a :class:`~anywool.WorkerPool` for the
+subscribers it resolves). A subscriber whose iteration raises (for example
+:class:`~anywool.errors.DiscoveryNamespaceNotFound`) fails the quorum wait and every waiting and
+later dispatch with that exception at once.
 """
 
 from __future__ import annotations
@@ -23,23 +25,73 @@ from uuid import UUID
 import anyio
 from anyio.abc import TaskGroup
 
-from anywool.discovery.protocols import DiscoveryEvent, DiscoverySubscriberLike
 from anywool import _validate
+from anywool.discovery.filter import afilter
+from anywool.discovery.protocols import DiscoveryEvent, DiscoverySubscriberLike
 from anywool.errors import NoWorkersAvailable, WorkerError
 from anywool.metadata import WorkerMetadata
 from anywool.runtime.connection import WorkerConnection, _Call, drive_stream
 from anywool.runtime.loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
+from anywool.runtime.resolve import is_context_manager
 from anywool.runtime.routine import reset_active, set_active
 
 __all__ = ["WorkerProxy"]
 
 log = logging.getLogger(__name__)
 
+# Reconnection backoff after a lost connection to a worker that is still announced (seconds).
+_BACKOFF_FIRST = 0.05
+_BACKOFF_MAX = 2.0
+# At exit, how long calls still running after the drain get to acknowledge their cancellation.
+_CANCEL_AT_EXIT = 1.0
+
+
+class SharesATag:
+    """A picklable predicate: the worker carries at least one of ``tags``."""
+
+    __slots__ = ("tags",)
+
+    def __init__(self, tags: Iterable[str]) -> None:
+        self.tags = frozenset(tags)
+
+    def __call__(self, metadata: WorkerMetadata) -> bool:
+        return not self.tags.isdisjoint(metadata.tags)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SharesATag, (self.tags,))
+
+    def __repr__(self) -> str:
+        return f"SharesATag({sorted(self.tags)!r})"
+
 
 class _Admitted:
+    """One admitted worker: its latest metadata and the wake-up of its connection task."""
+
     def __init__(self, metadata: WorkerMetadata) -> None:
         self.metadata = metadata
-        self.stop = anyio.Event()
+        self.dropped = False
+        self.wakeup = anyio.Event()
+
+
+class _InFlight:
+    """Counts the steps awaiting a worker's answer, so an exit can drain them."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.idle: anyio.Event | None = None
+
+    def __enter__(self) -> None:
+        self.count += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.count -= 1
+        if self.count == 0 and self.idle is not None:
+            self.idle.set()
+
+    async def wait_idle(self) -> None:
+        while self.count:
+            self.idle = anyio.Event()
+            await self.idle.wait()
 
 
 class WorkerProxy:
@@ -48,47 +100,96 @@ class WorkerProxy:
     ``async with WorkerProxy(subscriber):`` makes this proxy the active one for routines called
     in the block (and in tasks started from it).
 
-    :param discovery: a :class:`~anywool.discovery.protocols.DiscoverySubscriberLike`; iterated
-        once, never entered.
+    Two ways to say where the workers are:
+
+    - ``WorkerProxy(subscriber)``: any :class:`~anywool.DiscoverySubscriberLike` *instance*,
+      iterated and never entered (enter a context-manager subscriber where its lifetime is owned,
+      e.g. by giving it to a :class:`~anywool.WorkerPool`);
+    - ``WorkerProxy("jobs", "gpu", ...)`` (*pool URI*): borrows
+      ``LocalDiscovery.Subscriber("jobs")`` and admits exactly the workers whose tags share at
+      least one of ``{"jobs", "gpu", ...}`` (a pool tags its workers with its namespace). It
+      claims nothing: with no live owner of ``"jobs"`` it fails with
+      :class:`~anywool.errors.DiscoveryNamespaceNotFound`.
+
+    :param discovery: a subscriber instance, or a namespace (``str``).
+    :param uri_tags: more tags for the pool-URI form (``str``).
     :param loadbalancer: chooses the worker per call (default: a new
-        :class:`~anywool.runtime.loadbalancer.RoundRobinLoadBalancer`).
-    :param tags: admit only workers whose tags include all of these (``None``: admit all).
-    :param quorum_timeout: seconds (≥ 0) a dispatch waits for a first connected worker before
-        raising :class:`~anywool.errors.NoWorkersAvailable`.
+        :class:`~anywool.RoundRobinLoadBalancer`).
+    :param tags: further, admit only workers whose tags include all of these (``None``: no
+        such condition).
+    :param lazy: ``False``: entering waits until ``quorum`` admitted workers are connected;
+        ``True``: the first dispatch waits for them instead.
+    :param quorum: connected workers (``int`` ≥ 1) needed before the first dispatch.
+    :param quorum_timeout: seconds (≥ 0) the quorum wait, and later any dispatch finding no
+        connected worker, waits.
+    :param lease: admit at most this many workers (``int`` ≥ 0; ``None``: no limit); a worker
+        over the lease waits its turn and is admitted when an admitted one leaves.
     :param connect_timeout: seconds (> 0) allowed to connect to one worker.
     :param cancel_timeout: seconds (> 0) a cancelled call waits for its routine to unwind.
-    :raises TypeError: ``discovery`` is not a ``DiscoverySubscriberLike``, ``loadbalancer`` not a
-        ``LoadBalancerLike``, or ``tags`` a ``str``.
-    :raises ValueError: a timeout is out of range.
+    :raises TypeError: ``discovery`` is a class, a callable, or neither a subscriber nor a
+        ``str``; ``uri_tags`` are given with a subscriber or are not ``str``; ``loadbalancer``
+        is not a ``LoadBalancerLike`` instance; ``tags`` is a ``str``; a count is not an ``int``.
+    :raises ValueError: a timeout or count is out of range.
 
-    Entering raises ``RuntimeError`` on a second entry. Exiting cancels the sentinel and closes
-    every connection (calls still in flight fail with :class:`~anywool.errors.WorkerError`); it
-    is bounded by the connections' own shielded teardown and never raises.
+    Entering raises ``RuntimeError`` on a second entry; with ``lazy=False`` it raises the
+    subscriber's error (e.g. :class:`~anywool.errors.DiscoveryNamespaceNotFound`) as soon as the
+    iteration fails, and ``TimeoutError`` when the quorum is not met within ``quorum_timeout``.
+    Exiting stops the proxy taking calls, cancels the calls still in flight (they raise
+    :class:`~anywool.errors.RoutineCancelled`, or :class:`~anywool.errors.WorkerError` if the
+    worker does not answer), stops the sentinel and closes every connection; it is bounded and
+    never raises an ``Exception``.
+
+    A proxy pickles as its constructor call (so a routine can carry it to a worker), unless its
+    subscriber is a context manager: that raises ``TypeError`` naming ``discovery``, since a
+    context manager's lifetime cannot travel.
     """
 
     def __init__(
         self,
-        discovery: DiscoverySubscriberLike,
-        *,
+        discovery: DiscoverySubscriberLike | str,
+        /,
+        *uri_tags: str,
         loadbalancer: LoadBalancerLike | None = None,
         tags: Iterable[str] | None = None,
+        lazy: bool = True,
+        quorum: int = 1,
         quorum_timeout: float = 10.0,
+        lease: int | None = None,
         connect_timeout: float = 10.0,
         cancel_timeout: float = 5.0,
     ) -> None:
-        if not isinstance(discovery, DiscoverySubscriberLike):
-            raise TypeError(
-                "discovery must be a DiscoverySubscriberLike (an async iterable of "
-                f"DiscoveryEvent), got {discovery!r}"
+        self._uri: str | None = None
+        self._uri_tags = _validate.tag_set("uri_tags", uri_tags)
+        if isinstance(discovery, str):
+            from anywool.discovery.local import LocalDiscovery
+
+            self._uri = discovery
+            subscriber: DiscoverySubscriberLike = afilter(
+                SharesATag({discovery, *self._uri_tags}), LocalDiscovery.Subscriber(discovery)
             )
+        else:
+            if uri_tags:
+                raise TypeError(
+                    "extra positional tags belong to the pool-URI form WorkerProxy(namespace, "
+                    f"*tags); with a subscriber, pass tags=..., got {uri_tags!r}"
+                )
+            subscriber = _check_subscriber(discovery)
         if loadbalancer is None:
             loadbalancer = RoundRobinLoadBalancer()
-        elif not isinstance(loadbalancer, LoadBalancerLike):
-            raise TypeError(f"loadbalancer must be a LoadBalancerLike, got {loadbalancer!r}")
-        self._discovery = discovery
+        elif isinstance(loadbalancer, type) or not isinstance(loadbalancer, LoadBalancerLike):
+            raise TypeError(
+                f"loadbalancer must be a LoadBalancerLike instance, got {loadbalancer!r}"
+            )
+        if not isinstance(lazy, bool):
+            raise TypeError(f"lazy must be a bool, got {lazy!r}")
+        self._discovery = subscriber
         self._balancer = loadbalancer
         self._tags = None if tags is None else _validate.tag_set("tags", tags)
+        self._lazy = lazy
+        self._quorum = _validate.count("quorum", quorum, upper=1 << 20)
         self._quorum_timeout = _validate.duration("quorum_timeout", quorum_timeout, allow_zero=True)
+        self._lease = None if lease is None else _validate.count("lease", lease, lower=0,
+                                                                   upper=1 << 20)
         self._connect_timeout = _validate.duration("connect_timeout", connect_timeout,
                                                    allow_zero=False)
         self._cancel_timeout = _validate.duration("cancel_timeout", cancel_timeout,
@@ -97,17 +198,30 @@ class WorkerProxy:
         self._active = False
         self._task_group: TaskGroup | None = None
         self._token: Any = None
+        # Workers a pool spawned itself: admitted whatever the lease (the pool keeps this set).
+        self._own: set[UUID] = set()
         self._admitted: dict[UUID, _Admitted] = {}
+        self._waiting: dict[UUID, WorkerMetadata] = {}  # over the lease, in arrival order
         self._ready: dict[UUID, tuple[WorkerMetadata, WorkerConnection]] = {}
-        self._connecting = 0
+        self._ready_list: list[tuple[WorkerMetadata, WorkerConnection]] = []
+        self._connecting = 0  # admitted workers whose first connection attempt is under way
+        self._quorum_met = False
         self._discovery_ended = False
         self._failure: BaseException | None = None
         self._changed = anyio.Event()
+        self._in_flight = _InFlight()
+
+    @property
+    def discovery(self) -> DiscoverySubscriberLike:
+        """The subscriber this proxy iterates."""
+        return self._discovery
 
     @property
     def workers(self) -> list[WorkerMetadata]:
         """The admitted workers that currently have an open connection."""
         return [metadata for metadata, _ in self._ready.values()]
+
+    # -- lifetime ------------------------------------------------------------------------------
 
     async def __aenter__(self) -> WorkerProxy:
         if self._entered:
@@ -117,6 +231,13 @@ class WorkerProxy:
         await task_group.__aenter__()
         task_group.start_soon(self._sentinel, name="anywool-proxy-sentinel")
         self._active = True
+        if not self._lazy:
+            try:
+                await self._wait_for_quorum(at_entry=True)
+            except BaseException as exc:
+                self._active = False
+                await self._close()
+                raise
         self._token = set_active(self)
         return self
 
@@ -126,22 +247,47 @@ class WorkerProxy:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.deactivate()
+        await self._close()
+
+    def deactivate(self) -> None:
+        """Stop taking calls (a later dispatch raises ``RuntimeError``) and stop following
+        discovery; calls in flight go on. Exiting does this first; a pool calls it earlier, so
+        that its own drop announcements do not cut its calls short. Idempotent."""
+        if not self._active:
+            return
         self._active = False
-        try:
-            reset_active(self._token)
-        except ValueError:
-            log.warning("WorkerProxy exited in another context than it was entered in")
-        task_group = self._task_group
+        if self._token is not None:
+            try:
+                reset_active(self._token)
+            except ValueError:
+                log.warning("WorkerProxy exited in another context than it was entered in")
+            self._token = None
+        self._notify()
+
+    async def drain(self) -> None:
+        """Wait until no call of this proxy awaits a worker (bound it with a cancel scope)."""
+        await self._in_flight.wait_idle()
+
+    async def _close(self) -> None:
+        if self._in_flight.count:
+            # Ask each worker to cancel what is still running, so those calls end typed
+            # (RoutineCancelled) rather than by the connection closing under them.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(
+                min(self._cancel_timeout, _CANCEL_AT_EXIT)
+            ):
+                for _, connection in list(self._ready.values()):
+                    await connection.cancel_all()
+                await self._in_flight.wait_idle()
+        task_group, self._task_group = self._task_group, None
         if task_group is not None:
             task_group.cancel_scope.cancel()
-            try:
-                await task_group.__aexit__(None, None, None)
-            finally:
-                self._task_group = None
+            await task_group.__aexit__(None, None, None)
 
     # -- discovery -----------------------------------------------------------------------------
 
     def _notify(self) -> None:
+        self._ready_list = list(self._ready.values())
         self._changed.set()
         self._changed = anyio.Event()
 
@@ -152,7 +298,7 @@ class WorkerProxy:
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:
-            log.warning("discovery subscriber %r failed: %r", self._discovery, exc, exc_info=True)
+            log.warning("discovery subscriber %r failed: %r", self._discovery, exc)
             self._failure = exc
         self._discovery_ended = True
         self._notify()
@@ -160,91 +306,160 @@ class WorkerProxy:
     def _admits(self, metadata: WorkerMetadata) -> bool:
         return self._tags is None or self._tags <= metadata.tags
 
+    def _over_lease(self, uid: UUID) -> bool:
+        if self._lease is None or uid in self._own:
+            return False
+        borrowed = sum(1 for other in self._admitted if other not in self._own)
+        return borrowed >= self._lease
+
     def _handle(self, event: DiscoveryEvent) -> None:
         if not self._active:
-            return  # exiting: the sentinel is being cancelled, admit nothing new
+            return  # exiting: admit nothing new, drop nothing that calls may still use
         metadata = event.metadata
-        current = self._admitted.get(metadata.uid)
+        uid = metadata.uid
         if event.type == "worker-dropped" or not self._admits(metadata):
+            self._waiting.pop(uid, None)
+            current = self._admitted.pop(uid, None)
             if current is not None:
-                current.stop.set()
-                del self._admitted[metadata.uid]
+                current.dropped = True
+                current.wakeup.set()
+                self._admit_waiting()
             return
+        current = self._admitted.get(uid)
         if current is not None:
-            if current.metadata.address == metadata.address:
-                current.metadata = metadata
-                return
-            current.stop.set()  # moved: reconnect at the new address
+            moved = current.metadata.address != metadata.address
+            current.metadata = metadata
+            if moved:
+                current.wakeup.set()  # its task reconnects at the new address
+            return
+        if self._over_lease(uid):
+            self._waiting[uid] = metadata
+            return
+        self._admit(metadata)
+
+    def _admit(self, metadata: WorkerMetadata) -> None:
         admitted = _Admitted(metadata)
         self._admitted[metadata.uid] = admitted
-        assert self._task_group is not None
         self._connecting += 1
-        self._task_group.start_soon(self._connect, admitted, name=f"anywool-connection-{metadata.address}")
+        assert self._task_group is not None
+        self._task_group.start_soon(self._serve, admitted,
+                                    name=f"anywool-connection-{metadata.address}")
 
-    async def _connect(self, admitted: _Admitted) -> None:
+    def _admit_waiting(self) -> None:
+        while self._waiting and not self._over_lease(next(iter(self._waiting))):
+            uid = next(iter(self._waiting))
+            self._admit(self._waiting.pop(uid))
+
+    async def _serve(self, admitted: _Admitted) -> None:
+        """Keep one connection to ``admitted`` open while it is announced, reconnecting with
+        backoff when the connection is lost."""
         uid = admitted.metadata.uid
-        connection = WorkerConnection(
-            admitted.metadata.address,
-            connect_timeout=self._connect_timeout,
-            cancel_timeout=self._cancel_timeout,
-            on_lost=admitted.stop.set,
-        )
-        connecting = True
+        first = True
+        failures = 0
         try:
-            async with connection:
-                connecting = False
-                self._connecting -= 1
-                self._ready[uid] = (admitted.metadata, connection)
-                self._notify()
-                await admitted.stop.wait()
-        except WorkerError as exc:
-            log.warning("could not use worker %s: %s", admitted.metadata.address, exc)
-        except Exception:
-            log.exception("connection to worker %s failed", admitted.metadata.address)
+            while not admitted.dropped:
+                wakeup = admitted.wakeup = anyio.Event()
+                address = admitted.metadata.address
+                connection = WorkerConnection(
+                    address,
+                    connect_timeout=self._connect_timeout,
+                    cancel_timeout=self._cancel_timeout,
+                    on_lost=wakeup.set,
+                )
+                try:
+                    async with connection:
+                        if first:
+                            first = False
+                            self._connecting -= 1
+                        failures = 0
+                        self._ready[uid] = (admitted.metadata, connection)
+                        self._notify()
+                        await wakeup.wait()
+                except WorkerError as exc:
+                    (log.warning if failures == 0 else log.debug)(
+                        "could not use worker %s: %s", address, exc)
+                finally:
+                    entry = self._ready.get(uid)
+                    if entry is not None and entry[1] is connection:
+                        del self._ready[uid]
+                    if first:
+                        first = False
+                        self._connecting -= 1
+                    self._notify()
+                if admitted.dropped or address != admitted.metadata.address:
+                    continue  # dropped: the loop ends; moved: reconnect at once
+                failures += 1
+                delay = min(_BACKOFF_FIRST * 2 ** (failures - 1), _BACKOFF_MAX)
+                if failures == 1:
+                    log.info("lost worker %s; reconnecting while it is announced", address)
+                admitted.wakeup = anyio.Event()
+                with anyio.move_on_after(delay):
+                    await admitted.wakeup.wait()
         finally:
-            if connecting:
-                self._connecting -= 1
-            entry = self._ready.get(uid)
-            if entry is not None and entry[1] is connection:
-                del self._ready[uid]
             if self._admitted.get(uid) is admitted:
                 del self._admitted[uid]
-            self._notify()
+                self._admit_waiting()
 
     # -- dispatch ------------------------------------------------------------------------------
 
-    async def _workers(self) -> list[tuple[WorkerMetadata, WorkerConnection]]:
-        if not self._active:
-            raise RuntimeError("this WorkerProxy is not active (enter it with `async with`)")
+    async def _wait_for_quorum(self, *, at_entry: bool = False) -> None:
+        """Wait until the quorum (or, once met, one worker) is connected.
+
+        Raised outside the timeout's scope, so a subscriber's error carries no TimeoutError in
+        its context.
+        """
+        need = 1 if self._quorum_met else self._quorum
         with anyio.move_on_after(self._quorum_timeout):
-            while not self._ready and self._failure is None:
+            while len(self._ready) < need and self._failure is None and self._active:
                 if self._discovery_ended and not self._connecting:
                     break
                 await self._changed.wait()
         if self._failure is not None:
             raise self._failure
-        if not self._ready:
-            if self._discovery_ended and not self._connecting:
-                raise NoWorkersAvailable("the discovery subscription ended with no usable worker")
-            raise NoWorkersAvailable(
-                f"no admitted worker connected within {self._quorum_timeout} seconds"
+        if not self._active:
+            raise RuntimeError("this WorkerProxy is not active (enter it with `async with`)")
+        connected = len(self._ready)
+        if connected >= need:
+            self._quorum_met = True
+            return
+        if at_entry:
+            raise TimeoutError(
+                f"{connected} of the quorum of {need} workers connected within "
+                f"{self._quorum_timeout} seconds"
             )
-        return list(self._ready.values())
+        if self._discovery_ended and not self._connecting:
+            raise NoWorkersAvailable("the discovery subscription ended with no usable worker")
+        if need > 1:
+            raise NoWorkersAvailable(
+                f"{connected} of the quorum of {need} workers connected within "
+                f"{self._quorum_timeout} seconds"
+            )
+        raise NoWorkersAvailable(
+            f"no admitted worker connected within {self._quorum_timeout} seconds"
+        )
+
+    async def _workers(self) -> list[tuple[WorkerMetadata, WorkerConnection]]:
+        if not self._active:
+            raise RuntimeError("this WorkerProxy is not active (enter it with `async with`)")
+        if self._failure is not None or not self._quorum_met or not self._ready_list:
+            await self._wait_for_quorum()
+        return self._ready_list
 
     async def dispatch(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run the coroutine routine ``fn(*args, **kwargs)`` on a worker and return its result.
 
         :raises RuntimeError: the proxy is not active.
-        :raises NoWorkersAvailable: no worker connected within ``quorum_timeout`` seconds, or
-            none accepted the call.
+        :raises NoWorkersAvailable: the quorum (or, once met, one worker) was not connected
+            within ``quorum_timeout`` seconds, or no worker accepted the call.
         :raises Exception: the discovery subscriber's failure, if its iteration raised; the
             routine's own exception; :class:`~anywool.errors.WorkerError` when the connection
             was lost mid-call; :class:`~anywool.errors.RoutineCancelled`.
 
         Cancellation: cancels the routine on the worker, waits (bounded) for it to unwind.
         """
-        workers = await self._workers()
-        return await self._balancer.dispatch(workers, lambda c: c.call(fn, args, kwargs))
+        with self._in_flight:
+            workers = await self._workers()
+            return await self._balancer.dispatch(workers, lambda c: c.call(fn, args, kwargs))
 
     def stream(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -259,5 +474,55 @@ class WorkerProxy:
             workers = await self._workers()
             return await self._balancer.dispatch(workers, lambda c: c.stream(fn, args, kwargs))
 
-        return drive_stream(open_call)
+        return drive_stream(open_call, self._in_flight)
 
+    # -- pickling ------------------------------------------------------------------------------
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self._uri is None and is_context_manager(self._discovery):
+            raise TypeError(
+                f"a WorkerProxy whose discovery is a context manager ({self._discovery!r}) "
+                "cannot be pickled: its lifetime belongs to whoever entered it; give the proxy a "
+                "plain subscriber (e.g. LocalDiscovery.Subscriber) or a pool URI instead"
+            )
+        options = {
+            "loadbalancer": self._balancer,
+            "tags": self._tags,
+            "lazy": self._lazy,
+            "quorum": self._quorum,
+            "quorum_timeout": self._quorum_timeout,
+            "lease": self._lease,
+            "connect_timeout": self._connect_timeout,
+            "cancel_timeout": self._cancel_timeout,
+        }
+        where = self._discovery if self._uri is None else self._uri
+        return (_rebuild, (where, tuple(sorted(self._uri_tags)), options))
+
+    def __repr__(self) -> str:
+        if self._uri is not None:
+            return f"WorkerProxy({', '.join(map(repr, [self._uri, *sorted(self._uri_tags)]))})"
+        return f"WorkerProxy({self._discovery!r})"
+
+
+def _check_subscriber(discovery: object) -> DiscoverySubscriberLike:
+    if isinstance(discovery, type):
+        raise TypeError(
+            f"discovery must be a DiscoverySubscriberLike instance, got the class {discovery!r}; "
+            "a WorkerProxy consumes a subscriber as given (a WorkerPool accepts factories)"
+        )
+    if callable(discovery):
+        raise TypeError(
+            f"discovery must be a DiscoverySubscriberLike instance, got the callable "
+            f"{discovery!r}; a WorkerProxy consumes a subscriber as given (a WorkerPool accepts "
+            "factories)"
+        )
+    if not isinstance(discovery, DiscoverySubscriberLike):
+        raise TypeError(
+            "discovery must be a DiscoverySubscriberLike (an async iterable of DiscoveryEvent) "
+            f"or a namespace str, got {discovery!r}"
+        )
+    return discovery
+
+
+def _rebuild(where: Any, uri_tags: tuple[str, ...], options: dict[str, Any]) -> WorkerProxy:
+    return WorkerProxy(where, *uri_tags, **options)
