@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import itertools
 import os
 import subprocess
@@ -290,3 +291,103 @@ def test_a_forked_child_does_not_keep_a_dead_owner_alive(runtime_dir: Path):
                             text=True, timeout=60)
     assert result.stdout.strip() == "successor admitted", result.stderr
     assert os.listdir(runtime_dir) == []
+
+
+# -- bounded teardown --------------------------------------------------------------------------
+
+
+class Interrupted(BaseException):
+    """Stands in for the cancellation a checkpoint raises in a worker thread."""
+
+
+def _hold_registry_lock(claim: registry.Claim) -> int:
+    """Lock the registry through a descriptor of our own, as another process would."""
+    fd = os.open(claim.path / "registry", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def test_retire_that_times_out_writes_nothing_and_release_still_removes(runtime_dir: Path):
+    claim = registry.claim("wedged", capacity=1, block_size=64)
+    binding = registry.bind("wedged")
+    holder = _hold_registry_lock(claim)
+    try:
+        with pytest.raises(TimeoutError, match="wedged"):
+            claim.retire(lock_timeout=0.05)
+        assert binding.is_live()  # not retired: the graceful part wrote nothing
+        claim.release(lock_timeout=0)  # one try, then retire without the lock and remove
+        assert binding.counter()[1]  # retired, as a borrower still holding the file sees it
+        assert not binding.is_live()
+        assert os.listdir(runtime_dir) == []
+        claim.release(lock_timeout=0)  # idempotent
+    finally:
+        os.close(holder)
+        binding.close()
+
+
+def test_release_whose_lock_wait_is_interrupted_still_retires_removes_and_reraises(
+        runtime_dir: Path):
+    claim = registry.claim("interrupted", capacity=1, block_size=64)
+    binding = registry.bind("interrupted")
+    holder = _hold_registry_lock(claim)
+    calls = 0
+
+    def checkpoint() -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise Interrupted
+
+    try:
+        with pytest.raises(Interrupted):
+            claim.release(lock_timeout=None, checkpoint=checkpoint)
+        assert calls == 3
+        assert binding.counter()[1]
+        assert os.listdir(runtime_dir) == []
+        claim.release()  # idempotent: nothing left to do, nothing raised
+    finally:
+        os.close(holder)
+        binding.close()
+
+
+def test_retired_claim_releases_without_taking_the_lock_again(runtime_dir: Path):
+    claim = registry.claim("retired", capacity=1, block_size=64)
+    binding = registry.bind("retired")
+    try:
+        claim.retire(lock_timeout=1)
+        assert not binding.is_live()
+        holder = _hold_registry_lock(claim)  # the lock is free again after retiring
+        try:
+            claim.release(lock_timeout=None)  # would wait forever if it took the lock again
+        finally:
+            os.close(holder)
+        assert os.listdir(runtime_dir) == []
+    finally:
+        binding.close()
+
+
+def test_withdraw_lock_wait_is_interruptible_and_changes_nothing():
+    claim = registry.claim("withdraw", capacity=2, block_size=256)
+    binding = registry.bind("withdraw")
+    lease = binding.open_lease()
+    try:
+        metadata = worker()
+        binding.publish("worker-added", metadata, lease.id, lock_timeout=1)
+        holder = _hold_registry_lock(claim)
+        try:
+            def checkpoint() -> None:
+                raise Interrupted
+
+            with pytest.raises(Interrupted):
+                binding.withdraw(lease.id, lock_timeout=None, checkpoint=checkpoint)
+            with pytest.raises(TimeoutError):
+                binding.withdraw(lease.id, lock_timeout=0)
+        finally:
+            os.close(holder)
+        assert list(binding.snapshot()[1]) == [metadata.uid]
+        assert binding.withdraw(lease.id, lock_timeout=0) == 1
+        assert binding.snapshot()[1] == {}
+    finally:
+        lease.release()
+        binding.close()
+        claim.release()

@@ -401,6 +401,7 @@ class Claim(_Open):
         self.root = root
         self.pid = os.getpid()
         self._released = False
+        self._retired = False
         _LOCK_HOLDERS.add(self)
 
     def forget(self) -> None:
@@ -408,8 +409,40 @@ class Claim(_Open):
         self._released = True
         self.close()
 
-    def release(self, lock_timeout: float | None = 5.0) -> None:
-        """Retire the generation, wake its subscribers and remove every file of it.
+    def retire(self, lock_timeout: float | None = 5.0,
+               checkpoint: Callable[[], None] | None = None) -> None:
+        """Retire the generation under the registry lock and wake its subscribers (graceful).
+
+        Borrowers stop binding a retired generation and subscribers drop its workers. The files
+        stay until :meth:`release`.
+
+        :param lock_timeout: seconds the registry lock may be waited for (``None``: forever).
+        :param checkpoint: called between lock attempts; it may raise (cancellation).
+        :raises TimeoutError: the lock was not taken within ``lock_timeout`` seconds; nothing
+            was written.
+
+        Whatever ``checkpoint`` raises propagates with nothing written. A no-op once retired or
+        released, and in a process forked from the owner.
+        """
+        if self._retired or self._released or os.getpid() != self.pid:
+            return
+        lock_with_backoff(self.registry_fd, fcntl.LOCK_EX, timeout=lock_timeout,
+                          describe=lambda: f"discovery namespace {self.namespace!r}",
+                          checkpoint=checkpoint)
+        try:
+            self._mark_retired()
+        finally:
+            _unlock(self.registry_fd)
+
+    def release(self, lock_timeout: float | None = 5.0,
+                checkpoint: Callable[[], None] | None = None) -> None:
+        """Retire the generation (see :meth:`retire`), then remove every file of it and close
+        its descriptors, which releases the owner's lock.
+
+        When the registry lock is not taken within ``lock_timeout`` seconds (``0``: one
+        non-blocking attempt), or ``checkpoint`` raises while waiting for it, the generation is
+        retired without the lock (a wedged writer cannot keep a generation that is going away)
+        and removed all the same; what ``checkpoint`` raised is then re-raised.
 
         A process forked from the owner removes nothing (its pid differs from the claimer's).
         Idempotent.
@@ -417,35 +450,53 @@ class Claim(_Open):
         if self._released:
             return
         self._released = True
+        interrupted: BaseException | None = None
         try:
             if os.getpid() != self.pid:
                 return
             try:
-                lock_with_backoff(self.registry_fd, fcntl.LOCK_EX, timeout=lock_timeout,
-                                  describe=lambda: f"namespace {self.namespace!r}")
-                locked = True
-            except TimeoutError:
-                locked = False  # a wedged writer: retire anyway, the generation is going away
-            try:
-                counter, _ = _read_counter(self.registry_fd)
-                os.pwrite(self.registry_fd, struct.pack("<QB", counter + 1, 1), _COUNTER_OFFSET)
-                _touch_hint(self.path)
+                if not self._retired:
+                    try:
+                        lock_with_backoff(self.registry_fd, fcntl.LOCK_EX, timeout=lock_timeout,
+                                          describe=lambda: f"discovery namespace {self.namespace!r}",
+                                          checkpoint=checkpoint)
+                        locked = True
+                    except TimeoutError:
+                        locked = False
+                    except BaseException as exc:  # the checkpoint's cancellation, or worse
+                        interrupted, locked = exc, False
+                    try:
+                        self._mark_retired()
+                    finally:
+                        if locked:
+                            _unlock(self.registry_fd)
             finally:
-                if locked:
-                    _unlock(self.registry_fd)
                 # Whatever happened to the registry (even corrupted), its files go.
                 _remove_generation(self.root, self.path)
         finally:
             self.close()  # releases the owner's flock
+        if interrupted is not None:
+            raise interrupted
 
-    def reap(self) -> list[UUID]:
+    def _mark_retired(self) -> None:
+        """Set the retired flag, bump the counter and write the hint (lock held, or not)."""
+        counter, _ = _read_counter(self.registry_fd)
+        os.pwrite(self.registry_fd, struct.pack("<QB", counter + 1, 1), _COUNTER_OFFSET)
+        self._retired = True
+        _touch_hint(self.path)
+
+    def reap(self, lock_timeout: float | None = 5.0,
+             checkpoint: Callable[[], None] | None = None) -> list[UUID]:
         """Clear the slots of publishers whose lease lock is free (the process died), remove
         their lease files, and roll forward a change a dead writer left half done.
 
+        :param checkpoint: called between registry lock attempts; it may raise (cancellation).
         :returns: the uids of the workers removed.
+        :raises TimeoutError: the registry lock was not taken within ``lock_timeout`` seconds.
         """
         removed: list[UUID] = []
-        with _locked(self.registry_fd, self.guard, fcntl.LOCK_EX, 5.0, self.namespace):
+        with _locked(self.registry_fd, self.guard, fcntl.LOCK_EX, lock_timeout, self.namespace,
+                     checkpoint):
             recovered = self.table.recover()
             slots = self.table.slots()
             dead = {lease for lease in _lease_ids(self.path) if _lease_is_dead(self.path, lease)}
@@ -740,9 +791,19 @@ class Binding(_Open):
         _touch_hint(self.path)
         return True
 
-    def withdraw(self, lease: bytes, *, lock_timeout: float | None) -> int:
-        """Clear every slot written under ``lease``; returns how many."""
-        with _locked(self.registry_fd, self.guard, fcntl.LOCK_EX, lock_timeout, self.namespace):
+    def withdraw(self, lease: bytes, *, lock_timeout: float | None,
+                 checkpoint: Callable[[], None] | None = None) -> int:
+        """Clear every slot written under ``lease`` under ``LOCK_EX`` and write the hint.
+
+        :param lock_timeout: seconds the registry lock may be waited for (``None``: forever,
+            ``0``: one non-blocking attempt).
+        :param checkpoint: called between lock attempts; it may raise (cancellation), and then
+            nothing was changed.
+        :returns: how many slots were cleared.
+        :raises TimeoutError: the registry lock was not taken within ``lock_timeout`` seconds.
+        """
+        with _locked(self.registry_fd, self.guard, fcntl.LOCK_EX, lock_timeout, self.namespace,
+                     checkpoint):
             self.table.recover()
             slots = self.table.slots()
             indices = [i for i, entry in enumerate(slots) if entry[3] and entry[2] == lease]
