@@ -343,11 +343,31 @@ async def test_owner_exit_drops_workers_then_successor_appears(namespace):
     ({"lock_timeout": -1}, ValueError, "lock_timeout"),
     ({"poll_interval": 0}, ValueError, "poll_interval"),
     ({"poll_interval": -0.5}, ValueError, "poll_interval"),
+    ({"teardown_timeout": -1}, ValueError, "teardown_timeout"),
+    ({"teardown_timeout": "x"}, TypeError, "teardown_timeout"),
+    ({"teardown_timeout": None}, TypeError, "teardown_timeout"),
 ])
 def test_bad_construction_names_parameter_and_value(kwargs, error, words):
     with pytest.raises(error, match=words) as info:
         LocalDiscovery("jobs", **kwargs)
     assert repr(next(iter(kwargs.values()))) in str(info.value)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "words"), [
+    ({"lock_timeout": -1}, ValueError, "lock_timeout"),
+    ({"teardown_timeout": -1}, ValueError, "teardown_timeout"),
+    ({"teardown_timeout": "x"}, TypeError, "teardown_timeout"),
+    ({"teardown_timeout": None}, TypeError, "teardown_timeout"),
+])
+def test_bad_publisher_construction_names_parameter_and_value(kwargs, error, words):
+    with pytest.raises(error, match=words) as info:
+        LocalDiscovery.Publisher("jobs", **kwargs)
+    assert repr(next(iter(kwargs.values()))) in str(info.value)
+
+
+def test_publisher_of_an_owner_inherits_its_timeouts():
+    publisher = LocalDiscovery("jobs", lock_timeout=2, teardown_timeout=0).publisher
+    assert (publisher.lock_timeout, publisher.teardown_timeout) == (2.0, 0.0)
 
 
 def test_subscriber_is_subscriber_like_and_pickles_with_poll_interval():

@@ -30,6 +30,7 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from anywool import _validate
+from anywool._teardown import graceful_then_forceful
 from anywool.discovery import hub, registry
 from anywool.discovery.filter import afilter
 from anywool.discovery.protocols import (
@@ -46,8 +47,6 @@ from anywool.metadata import WorkerMetadata
 __all__ = ["LocalDiscovery"]
 
 log = logging.getLogger(__name__)
-
-_TEARDOWN_TIMEOUT = 10.0
 
 
 def _check_namespace(namespace: object) -> str:
@@ -67,7 +66,8 @@ class LocalDiscovery(Discovery):
     owner removes nothing.
 
     While entered, the owner's task group runs a reaper that removes the workers of publishers
-    whose process died (their lease lock is free) every ``reap_interval`` seconds.
+    whose process died or that released their lease without withdrawing them, every
+    ``reap_interval`` seconds.
 
     ``publisher``, ``subscriber`` and :meth:`subscribe` return borrowers whether or not this
     instance is entered; they bind whichever owner is live when they are used.
@@ -82,6 +82,9 @@ class LocalDiscovery(Discovery):
     :param poll_interval: seconds between subscribers' checks that back up the change hint
         (``None``: 1 s).
     :param reap_interval: seconds between dead-publisher reaps (> 0).
+    :param teardown_timeout: seconds (≥ 0) the exit may wait for the registry lock to retire
+        the namespace politely (``0``: not at all); also the ``teardown_timeout`` of
+        :attr:`publisher`. See :meth:`__aexit__`.
     :raises TypeError: an argument has the wrong type.
     :raises ValueError: an argument is out of range (the message names it and its value).
     """
@@ -97,6 +100,7 @@ class LocalDiscovery(Discovery):
         reclaim: bool = True,
         poll_interval: float | None = None,
         reap_interval: float = 1.0,
+        teardown_timeout: float = 5.0,
     ) -> None:
         self._namespace = (
             f"anywool-{uuid.uuid4().hex}" if namespace is None else _check_namespace(namespace)
@@ -117,6 +121,8 @@ class LocalDiscovery(Discovery):
         self._reclaim = reclaim
         self._poll_interval = _validate.seconds("poll_interval", poll_interval, allow_zero=False, optional=True)
         self._reap_interval = _validate.duration("reap_interval", reap_interval, allow_zero=False)
+        self._teardown_timeout = _validate.duration("teardown_timeout", teardown_timeout,
+                                                    allow_zero=True)
         self._entered = False
         self._claim: registry.Claim | None = None
         self._task_group: TaskGroup | None = None
@@ -146,8 +152,10 @@ class LocalDiscovery(Discovery):
 
     @property
     def publisher(self) -> LocalDiscovery.Publisher:
-        """A new publisher borrowing this namespace (enter it to use it)."""
-        return LocalDiscovery.Publisher(self._namespace, lock_timeout=self._lock_timeout)
+        """A new publisher borrowing this namespace (enter it to use it), with this instance's
+        ``lock_timeout`` and ``teardown_timeout``."""
+        return LocalDiscovery.Publisher(self._namespace, lock_timeout=self._lock_timeout,
+                                        teardown_timeout=self._teardown_timeout)
 
     @property
     def subscriber(self) -> DiscoverySubscriberLike:
@@ -192,8 +200,22 @@ class LocalDiscovery(Discovery):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        """Stop the reaper and remove the namespace. Shielded, bounded, never raises over the
-        caller's exception."""
+        """Stop the reaper, retire the namespace and remove every file of it.
+
+        Two phases (see :func:`anywool._teardown.graceful_then_forceful`):
+
+        - graceful: retire the generation under the registry lock, so that no publisher is
+          cut off mid-write. The lock wait is cancellable and lasts at most
+          ``teardown_timeout`` seconds (or ``lock_timeout``, if smaller); a timeout is logged.
+        - forceful (shielded, never waits on another process): retire the generation without
+          the lock if the graceful phase did not, remove every file of it and close its
+          descriptors, which releases the owner's lock. A writer that still holds the registry
+          lock then writes to an unlinked file; borrowers see the retired flag or a dead owner.
+
+        Never raises an ``Exception`` (failures are logged). Cancellation: an enclosing cancel
+        scope or deadline cuts the graceful phase short; the forceful one still runs, then the
+        cancellation propagates. A process forked from the owner removes nothing.
+        """
         claim, task_group = self._claim, self._task_group
         self._claim = self._task_group = None
         try:
@@ -202,20 +224,29 @@ class LocalDiscovery(Discovery):
                 await task_group.__aexit__(None, None, None)
         finally:
             if claim is not None:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(_TEARDOWN_TIMEOUT):
-                    try:
-                        await anyio.to_thread.run_sync(claim.release)
-                    except Exception:
-                        log.exception("failed to remove discovery namespace %r", self._namespace)
+                await graceful_then_forceful(
+                    lambda: anyio.to_thread.run_sync(self._retire, claim),
+                    lambda: anyio.to_thread.run_sync(claim.release, 0),
+                    timeout=self._teardown_timeout,
+                    what=f"retiring discovery namespace {self._namespace!r}",
+                    log=log,
+                )
         return None
+
+    def _retire(self, claim: registry.Claim) -> None:
+        claim.retire(self._lock_timeout, anyio.from_thread.check_cancelled)
 
     async def _reap_forever(self, claim: registry.Claim) -> None:
         while True:
             await anyio.sleep(self._reap_interval)
             try:
-                await anyio.to_thread.run_sync(claim.reap)
+                await anyio.to_thread.run_sync(self._reap, claim)
             except Exception:
                 log.exception("reaping dead publishers of %r failed", self._namespace)
+
+    @staticmethod
+    def _reap(claim: registry.Claim) -> None:
+        claim.reap(checkpoint=anyio.from_thread.check_cancelled)  # stops with the task group
 
     def __repr__(self) -> str:
         return f"LocalDiscovery({self._namespace!r})"
@@ -227,25 +258,33 @@ class LocalDiscovery(Discovery):
 
         Entering binds the live owner's registry and takes a lease (a locked file that tells the
         owner this publisher is alive). Exiting withdraws every worker this publisher announced
-        and did not drop, then releases the lease. If the owner exits meanwhile, the publisher is
-        *orphaned*: its next publish rebinds to a successor owner if one exists.
+        and did not drop, then releases the lease (see :meth:`__aexit__`). If the owner exits
+        meanwhile, the publisher is *orphaned*: its next publish rebinds to a successor owner
+        if one exists.
 
         :param namespace: the namespace to borrow.
         :param lock_timeout: seconds a registry lock may be waited for (``None``: forever).
+        :param teardown_timeout: seconds (≥ 0) the exit may wait for the registry lock to
+            withdraw this publisher's workers (the smaller of it and ``lock_timeout`` applies;
+            ``0``: only one non-blocking attempt).
         :raises TypeError: an argument has the wrong type or is not accepted (a borrower
             cannot declare ``capacity`` or ``block_size``; the owner stamped them).
-        :raises ValueError: ``lock_timeout`` is negative.
+        :raises ValueError: ``lock_timeout`` or ``teardown_timeout`` is negative.
         """
 
         bind_host = "127.0.0.1"
 
-        def __init__(self, namespace: str, *, lock_timeout: float | None = 30.0) -> None:
+        def __init__(self, namespace: str, *, lock_timeout: float | None = 30.0,
+                     teardown_timeout: float = 5.0) -> None:
             self.namespace = _check_namespace(namespace)
             self.lock_timeout = _validate.seconds("lock_timeout", lock_timeout, allow_zero=True, optional=True)
+            self.teardown_timeout = _validate.duration("teardown_timeout", teardown_timeout,
+                                                       allow_zero=True)
             self._entered = False
             self._binding: registry.Binding | None = None
             self._lease: registry.Lease | None = None
             self._binding_lock = threading.Lock()  # concurrent publishes share one binding
+            self._withdrawn = False
 
         async def __aenter__(self) -> LocalDiscovery.Publisher:
             """Bind the namespace.
@@ -260,12 +299,33 @@ class LocalDiscovery(Discovery):
             return self
 
         async def __aexit__(self, *exc_info: object) -> None:
-            """Withdraw this publisher's workers and release its lease (shielded, bounded)."""
-            with anyio.CancelScope(shield=True), anyio.move_on_after(_TEARDOWN_TIMEOUT):
-                try:
-                    await anyio.to_thread.run_sync(self._release)
-                except Exception:
-                    log.exception("publisher of %r failed to withdraw its workers", self.namespace)
+            """Withdraw this publisher's workers, then release its lease.
+
+            Two phases (see :func:`anywool._teardown.graceful_then_forceful`):
+
+            - graceful: withdraw the workers this publisher announced and did not drop, under
+              the registry lock. The lock wait is cancellable and lasts at most
+              ``teardown_timeout`` seconds (or ``lock_timeout``, if smaller); a timeout is
+              logged with its ``TimeoutError``.
+            - forceful (shielded, never waits on another process): if the workers were not
+              withdrawn, one non-blocking attempt to withdraw them; then release the lease and
+              close the binding.
+
+            Leaving workers behind is safe: the owner's reaper drops the slots of a released
+            lease within its ``reap_interval``, and subscribers then see ``worker-dropped``.
+
+            Never raises an ``Exception`` (failures are logged). Cancellation: an enclosing
+            cancel scope or deadline cuts the graceful phase short; the forceful one still
+            runs, then the cancellation propagates.
+            """
+            self._released = True  # no publish from here on
+            await graceful_then_forceful(
+                lambda: anyio.to_thread.run_sync(self._withdraw),
+                lambda: anyio.to_thread.run_sync(self._release),
+                timeout=self.teardown_timeout,
+                what=f"withdrawing the workers of a publisher of {self.namespace!r}",
+                log=log,
+            )
 
         async def publish(self, type: DiscoveryEventType, metadata: WorkerMetadata) -> None:
             """Announce a worker lifecycle change to every subscriber of the namespace.
@@ -331,12 +391,26 @@ class LocalDiscovery(Discovery):
                 self._binding.close()
                 self._binding = None
 
+        def _withdraw(self) -> None:
+            """The graceful part of the exit: withdraw under the lock, cancellably."""
+            binding, lease = self._binding, self._lease
+            if binding is not None and lease is not None and binding.is_live():
+                binding.withdraw(lease.id, lock_timeout=self.lock_timeout,
+                                 checkpoint=anyio.from_thread.check_cancelled)
+            self._withdrawn = True
+
         def _release(self) -> None:
-            self._released = True
+            """The forceful part of the exit; idempotent, never waits on another process."""
             try:
-                if self._binding is not None and self._lease is not None \
-                        and self._binding.is_live():
-                    self._binding.withdraw(self._lease.id, lock_timeout=self.lock_timeout)
+                binding, lease = self._binding, self._lease
+                if not self._withdrawn and binding is not None and lease is not None \
+                        and binding.is_live():
+                    try:
+                        binding.withdraw(lease.id, lock_timeout=0)
+                    except TimeoutError:
+                        log.debug("workers of a publisher of %r left to the owner's reaper",
+                                  self.namespace)
+                self._withdrawn = True
             finally:
                 self._drop_binding()
 
