@@ -29,3 +29,9 @@ def test_subscriber_construction_is_typed_as_the_protocol_and_checks_arguments()
     assert [(e["range"]["start"]["line"] + 1, "capacity" in e["message"]) for e in errors] == [
         (9, True)
     ]
+
+
+def test_resolved_is_typed_as_the_single_expected_type_or_keeps_the_dependencys():
+    # assert_type fails type checking when the inferred type differs: no error means each
+    # overload gave the documented type.
+    assert _pyright("tests/typing/resolved_types.py") == []

@@ -346,6 +346,8 @@ class WorkerProxy:
                                     name=f"anywool-connection-{metadata.address}")
 
     def _admit_waiting(self) -> None:
+        if not self._active:
+            return  # exiting: nothing new is connected
         while self._waiting and not self._over_lease(next(iter(self._waiting))):
             uid = next(iter(self._waiting))
             self._admit(self._waiting.pop(uid))
