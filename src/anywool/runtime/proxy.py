@@ -419,7 +419,7 @@ class WorkerProxy:
         if self._failure is not None:
             raise self._failure
         if not self._active:
-            raise RuntimeError("this WorkerProxy is not active (enter it with `async with`)")
+            raise self._inactive()
         connected = len(self._ready)
         if connected >= need:
             self._quorum_met = True
@@ -440,9 +440,15 @@ class WorkerProxy:
             f"no admitted worker connected within {self._quorum_timeout} seconds"
         )
 
+    def _inactive(self) -> RuntimeError:
+        if self._entered:
+            return RuntimeError("this WorkerProxy is not active: it is exiting or has exited, "
+                                "and takes no new calls")
+        return RuntimeError("this WorkerProxy is not active (enter it with `async with`)")
+
     async def _workers(self) -> list[tuple[WorkerMetadata, WorkerConnection]]:
         if not self._active:
-            raise RuntimeError("this WorkerProxy is not active (enter it with `async with`)")
+            raise self._inactive()
         if self._failure is not None or not self._quorum_met or not self._ready_list:
             await self._wait_for_quorum()
         return self._ready_list

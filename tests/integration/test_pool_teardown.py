@@ -1,0 +1,286 @@
+"""WorkerPool exit: bounded whatever other processes do, cancellable, and nothing leaked.
+
+Reference case 29 and the exit contract: drops are announced within ``announce_timeout``, the
+pool's own calls drain within ``shutdown_timeout``, every worker is stopped and reaped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+import anyio
+import psutil
+import pytest
+
+from anywool import DiscoveryPublisherLike, LocalDiscovery, RoutineCancelled, WorkerPool, routine
+from anywool.metadata import WorkerMetadata
+
+from .children import start, stop
+
+pytestmark = pytest.mark.anyio
+
+LOCK_HOLDER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+# What exit may take beyond its two budgets: SIGTERM and reaping, on a loaded 2-core machine.
+SLACK = 3.0
+
+
+@routine
+async def value_after(seconds: float, port: int) -> int:
+    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+        await stream.send(b"started")
+    await anyio.sleep(seconds)  # the routine's work, not synchronisation
+    return 7
+
+
+@routine
+async def hold_until_cancelled(port: int, path: str) -> None:
+    try:
+        async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+            await stream.send(b"started")
+        await anyio.sleep_forever()
+    finally:
+        Path(path).write_text("finally ran")
+
+
+class Signal:
+    """A TCP listener a routine connects to once it has started."""
+
+    async def __aenter__(self) -> Signal:
+        self.listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        self.port = self.listener.extra(anyio.abc.SocketAttribute.local_port)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.listener.aclose()
+
+    async def started(self) -> None:
+        stream = await self.listener.listeners[0].accept()  # type: ignore[attr-defined]
+        async with stream:
+            assert await stream.receive() == b"started"
+
+
+def _gone(pids: list[int]) -> bool:
+    return all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
+               for p in pids)
+
+
+def _logged_timeout(caplog: pytest.LogCaptureFixture) -> bool:
+    return any(r.exc_info and isinstance(r.exc_info[1], TimeoutError) for r in caplog.records)
+
+
+async def _hold_registry_lock(discovery: LocalDiscovery):
+    child = await start(LOCK_HOLDER, os.path.join(str(discovery.path), "registry"))
+    assert await child.readline() == "locked"
+    return child
+
+
+async def test_exit_with_the_registry_lock_held_elsewhere_is_bounded_and_reaps(
+    namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="anywool")
+    discovery = LocalDiscovery(namespace, lock_timeout=None)  # publishes would wait forever
+    with anyio.fail_after(60):
+        pool = WorkerPool(spawn=2, discovery=discovery, announce_timeout=0.5,
+                          shutdown_timeout=0.5)
+        async with pool:
+            pids = [w.pid for w in pool.workers]
+            holder = await _hold_registry_lock(discovery)
+            began = time.monotonic()
+        took = time.monotonic() - began
+        await stop([holder])
+    assert took < 0.5 + 0.5 + SLACK, f"exit took {took:.2f} s"
+    assert _logged_timeout(caplog)
+    assert "announcing the dropped workers" in caplog.text
+    assert _gone(pids)
+
+
+class HangingDiscovery(LocalDiscovery):
+    """A discovery whose drop announcements never complete."""
+
+    @property
+    def publisher(self) -> DiscoveryPublisherLike:
+        inner = super().publisher
+
+        class Hanging:
+            async def __aenter__(self) -> Hanging:
+                await inner.__aenter__()
+                return self
+
+            async def __aexit__(self, *exc_info: object) -> None:
+                await inner.__aexit__(*exc_info)
+
+            async def publish(self, type: str, metadata: WorkerMetadata) -> None:
+                if type == "worker-dropped":
+                    await anyio.sleep_forever()
+                await inner.publish(type, metadata)  # type: ignore[arg-type]
+
+        return Hanging()
+
+
+async def test_a_hanging_announcement_is_given_up_at_announce_timeout(
+    namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="anywool")
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=1, discovery=HangingDiscovery(namespace),
+                              announce_timeout=0.5) as pool:
+            pids = [w.pid for w in pool.workers]
+            began = time.monotonic()
+        took = time.monotonic() - began
+    assert took < 0.5 + SLACK, f"exit took {took:.2f} s"
+    assert _logged_timeout(caplog)
+    assert _gone(pids)
+
+
+async def test_an_enclosing_deadline_cuts_a_blocked_exit_short_and_workers_are_reaped(
+    namespace: str,
+) -> None:
+    discovery = LocalDiscovery(namespace, lock_timeout=None)
+    with anyio.fail_after(60):
+        with anyio.CancelScope() as scope:
+            async with WorkerPool(spawn=2, discovery=discovery) as pool:  # default budgets: 5 s, 10 s
+                pids = [w.pid for w in pool.workers]
+                holder = await _hold_registry_lock(discovery)
+                began = time.monotonic()
+                scope.deadline = anyio.current_time() + 0.5
+        took = time.monotonic() - began
+        await stop([holder])
+    assert scope.cancelled_caught
+    assert took < 0.5 + SLACK, f"exit took {took:.2f} s"
+    assert _gone(pids)
+
+
+async def test_cancelling_the_task_exiting_a_pool_leaks_no_worker(tmp_path: Path) -> None:
+    marker = tmp_path / "finally"
+    with anyio.fail_after(60):
+        async with Signal() as signal_, anyio.create_task_group() as tg:
+            exiting = anyio.Event()
+            pids: list[int] = []
+
+            async def use_pool() -> None:
+                async with WorkerPool(spawn=1, shutdown_timeout=60) as pool:
+                    pids.extend(w.pid for w in pool.workers)
+                    tg.start_soon(hold_until_cancelled, signal_.port, str(marker))
+                    await signal_.started()
+                    exiting.set()
+                # The exit drains the call above for up to 60 s, unless cancelled.
+
+            tg.start_soon(use_pool)
+            await exiting.wait()
+            began = time.monotonic()
+            tg.cancel_scope.cancel()
+        took = time.monotonic() - began
+    assert took < SLACK, f"exit took {took:.2f} s after the cancellation"
+    assert _gone(pids)
+    assert marker.read_text() == "finally ran"
+
+
+async def test_exit_lets_the_pools_own_calls_finish_within_shutdown_timeout() -> None:
+    results: list[object] = []
+    with anyio.fail_after(60):
+        async with Signal() as signal_, anyio.create_task_group() as tg:
+
+            async def call() -> None:
+                results.append(await value_after(0.3, signal_.port))
+
+            async with WorkerPool(spawn=1, shutdown_timeout=30) as pool:
+                pids = [w.pid for w in pool.workers]
+                tg.start_soon(call)  # outlives the block: still in flight at exit
+                await signal_.started()
+            assert results == [7]  # the exit waited for it
+    assert _gone(pids)
+
+
+async def test_calls_still_running_at_shutdown_timeout_are_cancelled_on_their_worker(
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "finally"
+    outcome: list[BaseException] = []
+    with anyio.fail_after(60):
+        async with Signal() as signal_, anyio.create_task_group() as tg:
+
+            async def call() -> None:
+                try:
+                    await hold_until_cancelled(signal_.port, str(marker))
+                except Exception as exc:
+                    outcome.append(exc)
+
+            async with WorkerPool(spawn=1, shutdown_timeout=0.3) as pool:
+                pids = [w.pid for w in pool.workers]
+                tg.start_soon(call)
+                await signal_.started()
+                began = time.monotonic()
+            took = time.monotonic() - began
+    assert [type(e) for e in outcome] == [RoutineCancelled]
+    assert marker.read_text() == "finally ran"
+    assert took < 0.3 + SLACK, f"exit took {took:.2f} s"
+    assert _gone(pids)
+
+
+async def test_a_call_made_after_exit_began_is_refused() -> None:
+    refused: list[BaseException] = []
+    results: list[int] = []
+    with anyio.fail_after(60):
+        async with Signal() as signal_, anyio.create_task_group() as tg:
+
+            async def call() -> None:
+                results.append(await value_after(0.3, signal_.port))
+
+            async def late_call() -> None:
+                try:
+                    await value_after(0, signal_.port)
+                except RuntimeError as exc:
+                    refused.append(exc)
+
+            async with WorkerPool(spawn=1, shutdown_timeout=30):
+                tg.start_soon(call)
+                await signal_.started()
+                # Runs once this task blocks, which is inside the exit: after it stopped
+                # taking calls (its first step), while it drains the call above.
+                tg.start_soon(late_call)
+    assert results == [7]
+    assert len(refused) == 1 and "it is exiting or has exited" in str(refused[0])
+
+
+POOL = """
+import os, sys, anyio
+from anywool import LocalDiscovery, WorkerPool
+async def main():
+    async with WorkerPool(spawn=2, discovery=LocalDiscovery(sys.argv[1])) as pool:
+        print(*[w.pid for w in pool.workers], flush=True)
+        await anyio.sleep_forever()
+anyio.run(main, backend=sys.argv[2])
+"""
+
+
+async def test_a_sigkilled_pools_workers_exit_by_themselves_and_its_namespace_is_reclaimable(
+    namespace: str, anyio_backend: str, runtime_dir: Path
+) -> None:
+    with anyio.fail_after(60):
+        child = await start(POOL, namespace, anyio_backend)
+        try:
+            pids = [int(p) for p in (await child.readline()).split()]
+            child.kill()
+            await child.wait()
+
+            def wait_all() -> None:
+                psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)],
+                                  timeout=20)
+
+            await anyio.to_thread.run_sync(wait_all)
+            assert _gone(pids)
+        finally:
+            await stop([child])
+        async with LocalDiscovery(namespace) as successor:  # sweeps the dead generation
+            assert os.listdir(runtime_dir) == [os.path.basename(str(successor.path))]
