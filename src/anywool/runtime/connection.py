@@ -40,6 +40,8 @@ __all__ = ["CallNotDelivered", "WorkerConnection", "connect_stream", "drive_stre
 log = logging.getLogger(__name__)
 
 _TERMINAL = frozenset({Kind.END, Kind.EXCEPTION, Kind.NACK})
+# Seconds a closing connection waits for the worker's end-of-stream, then for the close itself.
+_CLOSE_TIMEOUT = 1.0
 
 
 class CallNotDelivered(WorkerError):
@@ -96,6 +98,7 @@ class WorkerConnection:
         self._calls: dict[int, MemoryObjectSendStream[Frame]] = {}
         self._ids = itertools.count(1)
         self._failure: str | None = None
+        self._reader_done: anyio.Event | None = None
 
     @property
     def broken(self) -> bool:
@@ -118,6 +121,7 @@ class WorkerConnection:
         self._frames = FrameStream(self._stream, self._stream, max_frame_size=self._max_frame_size)
         task_group = self._task_group = anyio.create_task_group()
         await task_group.__aenter__()
+        self._reader_done = anyio.Event()
         task_group.start_soon(self._read, name=f"anywool-reader-{self.address}")
         return self
 
@@ -130,27 +134,40 @@ class WorkerConnection:
         self._fail("the connection was closed")
         task_group, self._task_group = self._task_group, None
         try:
+            with anyio.CancelScope(shield=True):
+                await self._close_stream()
+        finally:
             if task_group is not None:
                 task_group.cancel_scope.cancel()
                 await task_group.__aexit__(None, None, None)
-        finally:
-            if self._stream is not None:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
-                    await self._stream.aclose()
+
+    async def _close_stream(self) -> None:
+        """End the stream so that the reader ends by itself (see :meth:`_read`): half-close,
+        let the worker answer with end-of-stream, then close (bounded)."""
+        stream = self._stream
+        if stream is None:
+            return
+        if self._reader_done is not None and not self._reader_done.is_set():
+            with anyio.move_on_after(_CLOSE_TIMEOUT):
+                try:
+                    await stream.send_eof()
+                except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    pass
+                else:
+                    await self._reader_done.wait()
+        with anyio.move_on_after(_CLOSE_TIMEOUT):
+            await stream.aclose()
 
     async def _read(self) -> None:
-        assert self._frames is not None
         reason = "the worker closed the connection"
+        # The reader is never interrupted in a receive: it ends when the worker ends the stream
+        # (the exit half-closes first, and the worker answers with end-of-stream). Under
+        # asyncio, anyio's Unix socket receive reports InvalidStateError through the loop when
+        # its pending receive is resolved by a cancellation or a close in the same loop
+        # iteration as the socket becomes readable; end-of-stream resolves it normally.
         try:
-            while True:
-                frame = await self._frames.receive()
-                stream = self._calls.get(frame.call_id)
-                if stream is None:
-                    continue  # a call that already gave up (e.g. cancelled): drop its late frames
-                try:
-                    stream.send_nowait(frame)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    pass
+            with anyio.CancelScope(shield=True):
+                await self._read_frames()
         except anyio.EndOfStream:
             pass
         except FrameError as exc:
@@ -159,7 +176,22 @@ class WorkerConnection:
             reason = f"connection failed: {exc!r}"
         except anyio.ClosedResourceError:
             reason = "the connection was closed"
+        finally:
+            assert self._reader_done is not None
+            self._reader_done.set()
         self._fail(reason)
+
+    async def _read_frames(self) -> None:
+        assert self._frames is not None
+        while True:
+            frame = await self._frames.receive()
+            stream = self._calls.get(frame.call_id)
+            if stream is None:
+                continue  # a call that already gave up (e.g. cancelled): drop its late frames
+            try:
+                stream.send_nowait(frame)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
 
     def _fail(self, reason: str) -> None:
         if self._failure is None:

@@ -17,7 +17,9 @@ a connection that closes cancels its calls. The worker stops:
 * on SIGTERM: cancels now; on SIGINT: drains forever.
 
 A routine cancelled by the stop (or by a client's cancel frame) still answers its call, with
-:class:`~anywool.errors.RoutineCancelled`. The socket file is removed at exit.
+:class:`~anywool.errors.RoutineCancelled`. Then the worker half-closes every connection and
+waits (up to 2 s) for its clients to hang up, so each side's pending receive ends with
+end-of-stream rather than by cancellation. The socket file is removed at exit.
 
 The parent passes its ``sys.path`` in ``$ANYWOOL_WORKER_SYS_PATH`` (JSON list) and its working
 directory as ours, so that routines defined in its modules import here by reference.
@@ -122,11 +124,16 @@ class _Stop:
         if self.grace == 0:
             return
         timeout = math.inf if self.grace < 0 else self.grace
-        with anyio.CancelScope() as scope, anyio.move_on_after(timeout):
+        with anyio.CancelScope() as scope:
             self._drain_scope = scope
+            await self.drain_for(timeout)
+        self._drain_scope = None
+
+    async def drain_for(self, timeout: float) -> None:
+        """Wait until no call is in flight, for at most ``timeout`` seconds."""
+        with anyio.move_on_after(timeout):
             while self.in_flight:
                 await self._changed.wait()
-        self._drain_scope = None
 
 
 class _ServerCall:
@@ -142,6 +149,7 @@ class _Worker:
         self.address = address
         self.stop = _Stop()
         self.connections: set[ByteStream] = set()
+        self.calls: set[_ServerCall] = set()
         self._connections_changed = anyio.Event()
 
     # -- connections ---------------------------------------------------------------------------
@@ -162,6 +170,13 @@ class _Worker:
         with anyio.move_on_after(linger):
             while self.connections:
                 await self._connections_changed.wait()
+
+    async def cancel_calls(self, timeout: float) -> None:
+        """Cancel every call still running; wait up to ``timeout`` seconds for them to answer
+        (each answers :class:`~anywool.errors.RoutineCancelled`)."""
+        for call in list(self.calls):
+            call.scope.cancel()
+        await self.stop.drain_for(timeout)
 
     async def handle(self, stream: ByteStream) -> None:
         self.connections.add(stream)
@@ -197,6 +212,7 @@ class _Worker:
                 return
             call = _ServerCall(frame.call_id)
             calls[call.id] = call
+            self.calls.add(call)
             self.stop.started()
             tg.start_soon(self._run, frames, call, frame.payload, calls)
             return
@@ -224,6 +240,7 @@ class _Worker:
             raise
         finally:
             calls.pop(call.id, None)
+            self.calls.discard(call)
             call.inbox_send.close()
             self.stop.finished()
 
@@ -407,8 +424,10 @@ async def serve(address: str | None = None) -> None:
                 worker.stop.draining = True
                 await worker.stop.drain()
                 accepting.cancel()
-                if worker.stop.grace != 0:
-                    await worker.close_connections(_LINGER)
+                await worker.cancel_calls(_REPLY_TIMEOUT)
+                # Half-close, so that clients end their streams themselves: a receive that is
+                # cancelled rather than ended can make asyncio report InvalidStateError.
+                await worker.close_connections(_LINGER)
                 serving.cancel_scope.cancel()
             main_tg.cancel_scope.cancel()
     finally:
