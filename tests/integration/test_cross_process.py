@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import time
+from contextlib import aclosing
 
 import anyio
 import psutil
@@ -300,3 +301,39 @@ async def test_a_new_iteration_never_joins_a_source_whose_owner_was_killed(names
             await stop([child])
         async with LocalDiscovery(namespace):  # sweeps the dead generation
             pass
+
+
+BORROWER = """
+import sys, uuid, os, anyio
+from contextlib import aclosing
+from anywool import LocalDiscovery, WorkerMetadata
+async def main():
+    async with LocalDiscovery.Publisher(sys.argv[1]) as publisher:
+        await publisher.publish("worker-added",
+                                WorkerMetadata(uuid.uuid4(), "unix:/tmp/none", os.getpid(), "x"))
+    async with aclosing(aiter(LocalDiscovery.Subscriber(sys.argv[1]))) as events:
+        async for event in events:
+            break
+    print("borrowed", flush=True)
+anyio.run(main)
+"""
+
+
+async def test_a_borrowing_interpreter_that_exits_leaves_the_namespace_to_its_owner(namespace):
+    with anyio.fail_after(20):
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            before = sorted(os.listdir(owner.path))
+            await publisher.publish("worker-added", first := worker())
+            child = await start(BORROWER, namespace, capture_stderr=True)
+            try:
+                assert await child.readline() == "borrowed"
+                assert await child.wait() == 0
+                assert await child.read_stderr() == b""
+            finally:
+                await stop([child])
+            # Nothing of the owner's was removed or taken over: files, workers, publishing.
+            assert sorted(os.listdir(owner.path)) == before
+            await publisher.publish("worker-added", second := worker())
+            async with aclosing(aiter(owner.subscriber)) as events:
+                seen = {(await anext(events)).metadata.uid for _ in range(2)}
+            assert seen == {first.uid, second.uid}

@@ -405,17 +405,19 @@ class WorkerPool:
                                  shutdown_timeout=self._shutdown_timeout)
             try:
                 async with worker:
+                    born = anyio.current_time()
                     self._own.add(worker.metadata.uid)
                     self._workers.append(worker)
-                    if started:
-                        await self._announce(worker, "worker-added")
-                    else:
-                        started = True
-                        task_status.started(worker)
-                    born = anyio.current_time()
-                    code = await self._until_exit_or_stop(worker)
-                    self._workers.remove(worker)
-                    if code is None:
+                    try:
+                        if started:
+                            await self._announce(worker, "worker-added")
+                        else:
+                            started = True
+                            task_status.started(worker)
+                        code = await self._until_exit_or_stop(worker)
+                    finally:
+                        self._workers.remove(worker)
+                    if code is None:  # the pool is exiting
                         await worker.stop(self._shutdown_budget.left)
                         return
                     log.warning("worker pid %s exited unexpectedly (code %s); replacing it",
@@ -427,10 +429,11 @@ class WorkerPool:
                     raise
                 reason: BaseException | str = exc
             else:
-                if anyio.current_time() - born >= _MIN_UPTIME:
+                uptime = anyio.current_time() - born
+                if uptime >= _MIN_UPTIME:
                     start_failures = 0
                     continue
-                reason = f"it exited {anyio.current_time() - born:.2f} s after starting"
+                reason = f"it exited {uptime:.2f} s after starting"
             start_failures += 1
             if start_failures >= _MAX_START_FAILURES:
                 log.error("giving up a worker slot of %r after %d failed starts in a row; "
