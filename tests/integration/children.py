@@ -124,3 +124,23 @@ async def stop(children: list[Child]) -> None:
                 child.kill()
                 await child.wait()
             await child.process.aclose()
+
+
+# Holds flock(LOCK_EX) on the file named by argv[1] until its stdin closes.
+LOCK_HOLDER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+async def hold_registry_lock(discovery: object) -> Child:
+    """A child process holding the registry lock of an entered ``LocalDiscovery`` until
+    :func:`stop`."""
+    path = getattr(discovery, "path", None)
+    assert path is not None, "the discovery must be entered"
+    child = await start(LOCK_HOLDER, os.path.join(str(path), "registry"))
+    assert await child.readline() == "locked"
+    return child

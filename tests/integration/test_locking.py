@@ -13,18 +13,10 @@ import pytest
 from anywool import DiscoveryCapacityExhausted, LocalDiscovery
 from anywool.discovery import hub, registry
 
-from ..helpers import follow, take, worker
-from .children import start, stop
+from ..helpers import worker
+from .children import hold_registry_lock, start, stop
 
 pytestmark = pytest.mark.anyio
-
-LOCK_HOLDER = """
-import fcntl, os, sys
-fd = os.open(sys.argv[1], os.O_RDWR)
-fcntl.flock(fd, fcntl.LOCK_EX)
-print("locked", flush=True)
-sys.stdin.read()
-"""
 
 CAPACITY_RACER = """
 import os, sys, time, uuid, anyio
@@ -77,16 +69,10 @@ anyio.run(main)
 """
 
 
-async def _hold_registry_lock(discovery: LocalDiscovery):
-    child = await start(LOCK_HOLDER, os.path.join(discovery.path, "registry"))
-    assert await child.readline() == "locked"
-    return child
-
-
 async def test_lock_timeout_names_namespace_and_timeout_and_waits_without_spinning(namespace):
     with anyio.fail_after(20):
         async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
-            holder = await _hold_registry_lock(owner)
+            holder = await hold_registry_lock(owner)
             try:
                 publisher.lock_timeout = 1.0
                 wall, cpu = time.monotonic(), time.process_time()
@@ -104,7 +90,7 @@ async def test_lock_timeout_names_namespace_and_timeout_and_waits_without_spinni
 async def test_killed_lock_holder_frees_the_lock_at_once(namespace):
     with anyio.fail_after(20):
         async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
-            holder = await _hold_registry_lock(owner)
+            holder = await hold_registry_lock(owner)
             try:
                 async with anyio.create_task_group() as tg:
                     done = anyio.Event()
@@ -124,7 +110,7 @@ async def test_killed_lock_holder_frees_the_lock_at_once(namespace):
 async def test_cancelled_publish_leaves_no_lock_and_no_worker(namespace):
     with anyio.fail_after(20):
         async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
-            holder = await _hold_registry_lock(owner)
+            holder = await hold_registry_lock(owner)
             try:
                 with anyio.move_on_after(0.3) as scope:
                     await publisher.publish("worker-added", worker())
@@ -249,7 +235,7 @@ async def test_a_subscriber_waiting_on_a_locked_registry_blocks_nothing_and_canc
         async with LocalDiscovery(namespace) as owner, \
                 LocalDiscovery(f"{namespace}-other") as other, other.publisher as publisher:
             await publisher.publish("worker-added", worker())
-            holder = await _hold_registry_lock(owner)
+            holder = await hold_registry_lock(owner)
             try:
                 healthy = aclosing(other.subscriber.__aiter__())
                 async with healthy as events:
@@ -288,7 +274,7 @@ async def test_stopping_a_source_that_waits_for_the_registry_lock_is_prompt(name
             await publisher.publish("worker-added", worker())
             async with aclosing(owner.subscriber.__aiter__()) as events:
                 await events.__anext__()
-                holder = await _hold_registry_lock(owner)
+                holder = await hold_registry_lock(owner)
                 try:
                     # A change the source must read under the lock the holder keeps.
                     with open(os.path.join(owner.path, "registry"), "r+b") as registry_file:

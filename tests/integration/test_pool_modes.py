@@ -16,10 +16,8 @@ import pytest
 import anywool.runtime.pool as pool_module
 from anywool import (
     DiscoveryEvent,
-    DiscoveryLike,
     DiscoveryNamespaceInUse,
     DiscoveryNamespaceNotFound,
-    DiscoverySubscriberLike,
     LocalDiscovery,
     LocalWorker,
     NoWorkersAvailable,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -19,17 +18,9 @@ import pytest
 from anywool import DiscoveryPublisherLike, LocalDiscovery, RoutineCancelled, WorkerPool, routine
 from anywool.metadata import WorkerMetadata
 
-from .children import start, stop
+from .children import hold_registry_lock, start, stop
 
 pytestmark = pytest.mark.anyio
-
-LOCK_HOLDER = """
-import fcntl, os, sys
-fd = os.open(sys.argv[1], os.O_RDWR)
-fcntl.flock(fd, fcntl.LOCK_EX)
-print("locked", flush=True)
-sys.stdin.read()
-"""
 
 # What exit may take beyond its two budgets: SIGTERM and reaping, on a loaded 2-core machine.
 SLACK = 3.0
@@ -79,12 +70,6 @@ def _logged_timeout(caplog: pytest.LogCaptureFixture) -> bool:
     return any(r.exc_info and isinstance(r.exc_info[1], TimeoutError) for r in caplog.records)
 
 
-async def _hold_registry_lock(discovery: LocalDiscovery):
-    child = await start(LOCK_HOLDER, os.path.join(str(discovery.path), "registry"))
-    assert await child.readline() == "locked"
-    return child
-
-
 async def test_exit_with_the_registry_lock_held_elsewhere_is_bounded_and_reaps(
     namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -95,7 +80,7 @@ async def test_exit_with_the_registry_lock_held_elsewhere_is_bounded_and_reaps(
                           shutdown_timeout=0.5)
         async with pool:
             pids = [w.pid for w in pool.workers]
-            holder = await _hold_registry_lock(discovery)
+            holder = await hold_registry_lock(discovery)
             began = time.monotonic()
         took = time.monotonic() - began
         await stop([holder])
@@ -151,7 +136,7 @@ async def test_an_enclosing_deadline_cuts_a_blocked_exit_short_and_workers_are_r
         with anyio.CancelScope() as scope:
             async with WorkerPool(spawn=2, discovery=discovery) as pool:  # default budgets: 5 s, 10 s
                 pids = [w.pid for w in pool.workers]
-                holder = await _hold_registry_lock(discovery)
+                holder = await hold_registry_lock(discovery)
                 began = time.monotonic()
                 scope.deadline = anyio.current_time() + 0.5
         took = time.monotonic() - began

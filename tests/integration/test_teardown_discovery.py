@@ -17,28 +17,16 @@ import pytest
 from anywool import LocalDiscovery
 
 from ..helpers import follow, take, worker
-from .children import Child, start, stop
+from .children import Child, hold_registry_lock, stop
 
 pytestmark = pytest.mark.anyio
-
-# Holds flock(LOCK_EX) on the file named by argv[1] until its stdin closes (as in test_locking).
-LOCK_HOLDER = """
-import fcntl, os, sys
-fd = os.open(sys.argv[1], os.O_RDWR)
-fcntl.flock(fd, fcntl.LOCK_EX)
-print("locked", flush=True)
-sys.stdin.read()
-"""
 
 # A generous bound on an exit that should take about half a second.
 SLACK = 2.0
 
 
 async def _hold_registry_lock(owner: LocalDiscovery, holders: list[Child]) -> None:
-    assert owner.path is not None
-    child = await start(LOCK_HOLDER, os.path.join(owner.path, "registry"))
-    holders.append(child)
-    assert await child.readline() == "locked"
+    holders.append(await hold_registry_lock(owner))
 
 
 def _logged_timeouts(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:

@@ -22,7 +22,6 @@ must happen whatever (terminating and reaping every worker, removing files) is s
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Iterable
 from collections.abc import Iterator

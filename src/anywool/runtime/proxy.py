@@ -234,7 +234,7 @@ class WorkerProxy:
         if not self._lazy:
             try:
                 await self._wait_for_quorum(at_entry=True)
-            except BaseException as exc:
+            except BaseException:
                 self._active = False
                 await self._close()
                 raise

@@ -43,7 +43,6 @@ from typing import Any
 
 import anyio
 from anyio.abc import ByteStream, Listener, TaskGroup
-from anyio.streams.memory import MemoryObjectSendStream
 
 from anywool._runtime_dir import runtime_dir
 from anywool.errors import PayloadTooLarge, RoutineCancelled
