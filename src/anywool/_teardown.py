@@ -59,7 +59,7 @@ async def graceful_then_forceful(
                 with anyio.fail_after(bound):
                     await graceful()
         except TimeoutError:
-            log.warning("%s: gave up after %s seconds; finishing forcefully", what, timeout,
+            log.warning("%s: timed out (bound: %s seconds); finishing forcefully", what, timeout,
                         exc_info=True)
         except anyio.get_cancelled_exc_class():
             raise
