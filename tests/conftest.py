@@ -66,6 +66,15 @@ def runtime_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mo
     assert leftovers == [], f"runtime directory not empty after the test: {leftovers}"
 
 
+@pytest.fixture(autouse=True)
+def _close_followed_streams() -> Iterator[None]:
+    yield
+    from tests.helpers import OPEN_STREAMS
+
+    while OPEN_STREAMS:
+        OPEN_STREAMS.pop().close()
+
+
 @pytest.fixture
 def namespace() -> str:
     return f"test-{uuid.uuid4().hex}"

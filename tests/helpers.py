@@ -26,9 +26,16 @@ def worker(address: str = "unix:/tmp/none.sock", **fields: object) -> WorkerMeta
     return WorkerMetadata(**values)  # type: ignore[arg-type]
 
 
+# Receive ends handed out by follow(), closed by the conftest fixture after each test.
+OPEN_STREAMS: list[MemoryObjectReceiveStream[DiscoveryEvent]] = []
+
+
 async def follow(tg: TaskGroup, subscriber: DiscoverySubscriberLike) -> MemoryObjectReceiveStream[DiscoveryEvent]:
-    """Iterate ``subscriber`` in a task of ``tg``, forwarding events (and any error) to a stream."""
+    """Iterate ``subscriber`` in a task of ``tg``, forwarding events (and any error) to a stream.
+
+    The returned stream is closed after the test (it is never garbage with an open end)."""
     send, receive = anyio.create_memory_object_stream[DiscoveryEvent](1000)
+    OPEN_STREAMS.append(receive)
 
     async def run() -> None:
         async with send:

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import uuid
 from collections.abc import AsyncIterator, Callable
 
 import anyio
@@ -24,6 +25,7 @@ from anywool import (
     RoundRobinLoadBalancer,
     WorkerPool,
 )
+from anywool.metadata import WorkerMetadata
 
 from ..helpers import follow, take
 from .children import start, stop
@@ -382,3 +384,18 @@ async def test_a_worker_that_keeps_failing_at_start_up_is_given_up(
             monkeypatch.undo()
             assert pool.workers == [survivor]
             assert {await whoami() for _ in range(3)} == {survivor.pid}
+
+
+async def test_a_worker_that_cannot_be_connected_to_never_disturbs_the_pools_block(
+    namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A host name IDNA refuses makes connecting raise ValueError, not OSError: it must count as
+    # a failed connection, not end the proxy's task group (which encloses the block).
+    caplog.set_level(logging.WARNING, logger="anywool")
+    rogue = WorkerMetadata(uuid.uuid4(), "büro_1.local:8080", 1, "test")
+    with anyio.fail_after(30):
+        async with WorkerPool(spawn=1, discovery=LocalDiscovery(namespace)) as pool:
+            async with LocalDiscovery.Publisher(namespace) as publisher:
+                await publisher.publish("worker-added", rogue)
+                await wait_until(lambda: "büro_1.local" in caplog.text, "the failed connection")
+                assert {await whoami() for _ in range(3)} == {pool.workers[0].pid}

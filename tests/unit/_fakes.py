@@ -62,10 +62,15 @@ class FakeDiscovery:
             for metadata in self._owner.workers.values():
                 send.send_nowait(DiscoveryEvent("worker-added", metadata=metadata))
             self._owner._streams.append(send)
-            with receive:
-                async for event in receive:
-                    if self._filter is None or self._filter(event.metadata):
-                        yield event
+            try:
+                with receive:
+                    async for event in receive:
+                        if self._filter is None or self._filter(event.metadata):
+                            yield event
+            finally:
+                if send in self._owner._streams:
+                    self._owner._streams.remove(send)
+                send.close()
 
 
 class FailingSubscriber:

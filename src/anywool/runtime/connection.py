@@ -116,8 +116,8 @@ class WorkerConnection:
             raise WorkerError(
                 self.address, f"could not connect within {self._connect_timeout} seconds"
             ) from None
-        except OSError as exc:
-            raise WorkerError(self.address, f"could not connect: {exc}") from exc
+        except (OSError, ValueError) as exc:  # ValueError: e.g. a host name IDNA refuses
+            raise WorkerError(self.address, f"could not connect: {exc!r}") from exc
         self._frames = FrameStream(self._stream, self._stream, max_frame_size=self._max_frame_size)
         task_group = self._task_group = anyio.create_task_group()
         await task_group.__aenter__()
@@ -377,7 +377,9 @@ class _Call:
             if not self.finished:
                 await self.abort()
         finally:
-            self.connection._calls.pop(self.id, None)
+            send = self.connection._calls.pop(self.id, None)
+            if send is not None:
+                send.close()
             self._receive.close()
 
     async def step(self, kind: Kind, payload: bytes = b"") -> tuple[bool, Any]:

@@ -35,7 +35,6 @@ from anyio.abc import TaskStatus
 
 from anywool import _validate
 from anywool.discovery.protocols import DiscoveryLike, DiscoveryPublisherLike, DiscoverySubscriberLike
-from anywool.errors import WorkerError
 from anywool.runtime.loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
 from anywool.runtime.local_worker import LocalWorker, current_backend
 from anywool.runtime.proxy import WorkerProxy
@@ -423,7 +422,7 @@ class WorkerPool:
                                 worker.pid, code)
                     await self._announce(worker, "worker-dropped")
                     self._own.discard(worker.metadata.uid)
-            except WorkerError as exc:
+            except Exception as exc:  # a supervisor never ends the pool's task group
                 if not started:
                     raise
                 reason: BaseException | str = exc
@@ -508,7 +507,10 @@ class WorkerPool:
         try:
             await stack.__aexit__(exc_type, exc, tb)
         except Exception:
-            if exc_type is None:
+            # A failure of the pool's own machinery is raised, also over a cancellation (which
+            # it may have caused by cancelling its task groups); over the block's own
+            # exception it is only logged.
+            if exc is None or isinstance(exc, anyio.get_cancelled_exc_class()):
                 raise
             log.exception("WorkerPool teardown failed while the block was raising")
         finally:

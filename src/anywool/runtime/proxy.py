@@ -380,6 +380,11 @@ class WorkerProxy:
                 except WorkerError as exc:
                     (log.warning if failures == 0 else log.debug)(
                         "could not use worker %s: %s", address, exc)
+                except Exception:
+                    # Never let one worker's failure end the proxy's task group (which would
+                    # cancel the block it encloses): treat it as a failed connection.
+                    (log.exception if failures == 0 else log.debug)(
+                        "unexpected failure with worker %s", address)
                 finally:
                     entry = self._ready.get(uid)
                     if entry is not None and entry[1] is connection:
