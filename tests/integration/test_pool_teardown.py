@@ -269,3 +269,22 @@ async def test_a_sigkilled_pools_workers_exit_by_themselves_and_its_namespace_is
             await stop([child])
         async with LocalDiscovery(namespace) as successor:  # sweeps the dead generation
             assert os.listdir(runtime_dir) == [os.path.basename(str(successor.path))]
+
+
+@routine
+async def numbers(n: int):
+    for i in range(n):
+        yield i
+
+
+async def test_a_stream_left_suspended_at_exit_closes_quietly_afterwards() -> None:
+    with anyio.fail_after(30):
+        async with WorkerPool(spawn=1) as pool:
+            pids = [w.pid for w in pool.workers]
+            stream = numbers(100)
+            assert await stream.__anext__() == 0
+        # The worker and the connection are gone, and with them the remote generator.
+        await stream.aclose()
+        with pytest.raises(StopAsyncIteration):
+            await stream.__anext__()
+    assert _gone(pids)

@@ -358,6 +358,8 @@ class _Call:
         if self.finished:
             return
         self.finished = True
+        if self.connection.broken:
+            return  # the worker cancelled the routine when the connection went
         with anyio.CancelScope(shield=True), anyio.move_on_after(self.connection._cancel_timeout):
             try:
                 await self.send(Kind.CANCEL)
@@ -425,10 +427,15 @@ async def drive_stream(
             try:
                 sent = yield item
             except GeneratorExit:
-                if not call.finished:
+                if not call.finished and not call.connection.broken:
                     # END when the remote generator closed; its RuntimeError if it yielded again.
+                    # A connection lost meanwhile took the remote generator with it: nothing
+                    # is left to close.
                     with busy:
-                        await call.step(Kind.ACLOSE)
+                        try:
+                            await call.step(Kind.ACLOSE)
+                        except WorkerError:
+                            call.finished = True
                 raise
             except BaseException as exc:  # athrow(): forward it into the remote generator
                 kind, payload = Kind.ATHROW, serializer.dumps_exception(exc)
