@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 from anyio.abc import TaskGroup
@@ -53,3 +53,13 @@ async def take(stream: MemoryObjectReceiveStream[DiscoveryEvent], count: int) ->
 async def events_of(subscriber: DiscoverySubscriberLike) -> AsyncIterator[DiscoveryEvent]:
     async for event in subscriber:
         yield event
+
+
+async def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Poll ``predicate`` every 20 ms until it holds; fail naming ``what`` after ``timeout``.
+
+    For conditions that have no event to wait on (a log record, a slot given up)."""
+    with anyio.move_on_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.02)
+    assert predicate(), f"timed out after {timeout} s waiting for {what}"

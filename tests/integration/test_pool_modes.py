@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import anyio
 import psutil
@@ -27,21 +27,11 @@ from anywool import (
 )
 from anywool.metadata import WorkerMetadata
 
-from ..helpers import follow, take
+from ..helpers import follow, take, wait_until
 from .children import start, stop
 from .routines import whoami
 
 pytestmark = pytest.mark.anyio
-
-
-async def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    """Poll ``predicate`` every 20 ms until it holds; fail naming ``what`` after ``timeout``.
-
-    For conditions that have no event to wait on (a log record, a slot given up)."""
-    with anyio.move_on_after(timeout):
-        while not predicate():
-            await anyio.sleep(0.02)
-    assert predicate(), f"timed out after {timeout} s waiting for {what}"
 
 
 class Counted:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -15,9 +16,17 @@ import anyio
 import psutil
 import pytest
 
-from anywool import DiscoveryPublisherLike, LocalDiscovery, RoutineCancelled, WorkerPool, routine
+from anywool import (
+    DiscoveryPublisherLike,
+    LocalDiscovery,
+    RoundRobinLoadBalancer,
+    RoutineCancelled,
+    WorkerPool,
+    routine,
+)
 from anywool.metadata import WorkerMetadata
 
+from ..helpers import follow, take, wait_until
 from .children import hold_registry_lock, start, stop
 
 pytestmark = pytest.mark.anyio
@@ -288,3 +297,61 @@ async def test_a_stream_left_suspended_at_exit_closes_quietly_afterwards() -> No
         with pytest.raises(StopAsyncIteration):
             await stream.__anext__()
     assert _gone(pids)
+
+
+async def test_exit_during_a_replacements_announcement_keeps_to_its_budget(
+    namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="anywool")
+    discovery = LocalDiscovery(namespace, lock_timeout=None)
+    with anyio.fail_after(60):
+        # An announce budget large against the slack: waiting for the supervisor's own
+        # announcement before spending the budget again would take twice as long.
+        async with WorkerPool(spawn=2, discovery=discovery, announce_timeout=4.0,
+                              shutdown_timeout=0.2) as pool:
+            pids = [w.pid for w in pool.workers]
+            holder = await hold_registry_lock(discovery)
+            os.kill(pids[0], signal.SIGKILL)
+            # The supervisor now tries to announce the drop, and waits for the lock.
+            await wait_until(lambda: "exited unexpectedly" in caplog.text, "the death noticed")
+            began = time.monotonic()
+        took = time.monotonic() - began
+        await stop([holder])
+    assert took < 4.0 + 0.2 + SLACK, f"exit took {took:.2f} s"
+    assert _gone(pids)
+
+
+class HangingExit:
+    """A load balancer whose context manager never finishes exiting."""
+
+    async def __aenter__(self) -> RoundRobinLoadBalancer:
+        return RoundRobinLoadBalancer()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await anyio.sleep_forever()
+
+
+async def test_a_hanging_exit_of_what_the_pool_entered_is_cut_at_announce_timeout() -> None:
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=1, loadbalancer=HangingExit(), announce_timeout=0.5) as pool:
+            pids = [w.pid for w in pool.workers]
+            began = time.monotonic()
+        took = time.monotonic() - began
+    assert took < 0.5 + SLACK, f"exit took {took:.2f} s"
+    assert _gone(pids)
+
+
+async def test_announce_timeout_zero_skips_the_announcement_quietly(
+    namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="anywool")
+    with anyio.fail_after(60):
+        async with LocalDiscovery(namespace) as discovery, anyio.create_task_group() as tg:
+            events = await follow(tg, discovery.subscriber)
+            async with WorkerPool(spawn=1, discovery=discovery, announce_timeout=0) as pool:
+                uid = pool.workers[0].metadata.uid
+                assert await take(events, 1) == [("worker-added", uid)]
+            # Withdrawn all the same, by the publisher's exit (one attempt at the free lock).
+            assert await take(events, 1) == [("worker-dropped", uid)]
+            tg.cancel_scope.cancel()
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []

@@ -267,6 +267,7 @@ class WorkerPool:
         self._published = False
         self._publishing = anyio.Lock()
         self._exiting = False
+        self._announcing: set[anyio.CancelScope] = set()
         self._stopping = anyio.Event()
         self._announce_budget = _Budget(self._announce_timeout)
         self._shutdown_budget = _Budget(self._shutdown_timeout)
@@ -321,9 +322,9 @@ class WorkerPool:
         if self._loadbalancer is None:
             balancer: LoadBalancerLike = RoundRobinLoadBalancer()
         else:
-            balancer = await stack.enter_async_context(resolved(
+            balancer = await stack.enter_async_context(_ExitWithin(resolved(
                 self._loadbalancer, expect=LoadBalancerLike, is_value=_is_loadbalancer,
-                name="loadbalancer"))
+                name="loadbalancer"), self._announce_budget))
         factory = self._discovery
         count = self._spawn
         if factory is None:
@@ -461,13 +462,19 @@ class WorkerPool:
     async def _announce(self, worker: LocalWorker, kind: str) -> None:
         """Publish one worker's change, once the initial announcement has been made."""
         async with self._publishing:
-            if not self._published or self._publisher is None or self._stopping.is_set():
+            if not self._published or self._publisher is None or self._exiting:
                 return
-            try:
-                with anyio.fail_after(self._announce_timeout):
-                    await self._publisher.publish(kind, worker.metadata)  # type: ignore[arg-type]
-            except Exception:
-                log.warning("announcing %s for %s failed", kind, worker.metadata, exc_info=True)
+            # The exit abandons an announcement under way (it announces every drop itself).
+            with anyio.CancelScope() as scope:
+                self._announcing.add(scope)
+                try:
+                    with anyio.fail_after(self._announce_timeout):
+                        await self._publisher.publish(kind, worker.metadata)  # type: ignore[arg-type]
+                except Exception:
+                    log.warning("announcing %s for %s failed", kind, worker.metadata,
+                                exc_info=True)
+                finally:
+                    self._announcing.discard(scope)
 
     # -- exit ----------------------------------------------------------------------------------
 
@@ -477,21 +484,21 @@ class WorkerPool:
         assert proxy is not None
         proxy.deactivate()
         self._exiting = True
-        async with self._publishing:
-            publisher, self._published = self._publisher, False
-            workers = list(self._workers)
-            if publisher is not None and workers:
-                try:
-                    with self._announce_budget.scope(fail=True):
-                        for worker in workers:
+        for scope in self._announcing:
+            scope.cancel()
+        if self._publisher is not None and self._announce_timeout > 0:
+            try:
+                with self._announce_budget.scope(fail=True):
+                    async with self._publishing:
+                        publisher, self._published = self._publisher, False
+                        for worker in list(self._workers):
                             await publisher.publish("worker-dropped", worker.metadata)
-                except TimeoutError:
-                    log.warning("announcing the dropped workers of %r gave up after %s seconds; "
-                                "stopping them anyway", self, self._announce_timeout,
-                                exc_info=True)
-                except Exception:
-                    log.warning("announcing the dropped workers of %r failed; stopping them "
-                                "anyway", self, exc_info=True)
+            except TimeoutError:
+                log.warning("announcing the dropped workers of %r gave up after %s seconds; "
+                            "stopping them anyway", self, self._announce_timeout, exc_info=True)
+            except Exception:
+                log.warning("announcing the dropped workers of %r failed; stopping them anyway",
+                            self, exc_info=True)
         with self._shutdown_budget.scope():
             await proxy.drain()
 
