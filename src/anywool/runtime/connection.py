@@ -99,6 +99,7 @@ class WorkerConnection:
         self._ids = itertools.count(1)
         self._failure: str | None = None
         self._reader_done: anyio.Event | None = None
+        self._idle: anyio.Event | None = None
 
     @property
     def broken(self) -> bool:
@@ -204,6 +205,21 @@ class WorkerConnection:
         calls, self._calls = self._calls, {}
         for stream in calls.values():
             stream.close()
+        if self._idle is not None:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Wait until no call is open on this connection, or the connection is lost."""
+        while self._calls and self._failure is None:
+            self._idle = anyio.Event()
+            await self._idle.wait()
+
+    def _forget(self, call_id: int) -> None:
+        send = self._calls.pop(call_id, None)
+        if send is not None:
+            send.close()
+        if not self._calls and self._idle is not None:
+            self._idle.set()
 
     async def cancel_all(self) -> None:
         """Ask the worker to cancel every call still open on this connection; its answers
@@ -379,9 +395,7 @@ class _Call:
             if not self.finished:
                 await self.abort()
         finally:
-            send = self.connection._calls.pop(self.id, None)
-            if send is not None:
-                send.close()
+            self.connection._forget(self.id)
             self._receive.close()
 
     async def step(self, kind: Kind, payload: bytes = b"") -> tuple[bool, Any]:

@@ -377,6 +377,13 @@ class WorkerProxy:
                         self._ready[uid] = (admitted.metadata, connection)
                         self._notify()
                         await wakeup.wait()
+                        if admitted.dropped:
+                            # Withdrawn: no new call goes to it, but the calls on it may finish
+                            # (a stopping worker drains them): closing now would fail them.
+                            if self._ready.get(uid, (None, None))[1] is connection:
+                                del self._ready[uid]
+                                self._notify()
+                            await connection.wait_idle()
                 except WorkerError as exc:
                     (log.warning if failures == 0 else log.debug)(
                         "could not use worker %s: %s", address, exc)
