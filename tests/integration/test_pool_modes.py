@@ -420,3 +420,24 @@ async def test_a_borrowers_call_in_flight_finishes_while_the_owner_exits(namespa
                         assert await started.receive() == b"started"
                     await owner.exit()
     assert results == [7]
+
+
+async def test_a_discovery_another_pool_entered_is_refused(namespace: str) -> None:
+    shared = LocalDiscovery(namespace)
+    with anyio.fail_after(30):
+        async with WorkerPool(spawn=1, discovery=shared) as first:
+            with pytest.raises(RuntimeError, match="belongs to another WorkerPool"):
+                async with WorkerPool(spawn=1, discovery=shared):
+                    pytest.fail("two pools own one discovery")
+            assert shared.claimed and await whoami() == first.workers[0].pid
+        assert not shared.claimed
+
+
+async def test_a_discovery_its_caller_entered_serves_two_pools(namespace: str) -> None:
+    with anyio.fail_after(30):
+        async with LocalDiscovery(namespace) as shared:
+            async with WorkerPool(spawn=1, discovery=shared) as first, \
+                    WorkerPool(spawn=1, discovery=shared) as second:
+                assert {await whoami() for _ in range(6)} == {
+                    first.workers[0].pid, second.workers[0].pid}
+            assert shared.claimed

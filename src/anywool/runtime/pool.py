@@ -62,6 +62,11 @@ def _is_entered(obj: object) -> bool:
     return getattr(type(obj), "claimed", None) is not None and getattr(obj, "claimed", False) is True
 
 
+# ids of the discoveries that pools entered themselves, while those pools run: another pool
+# given one of them must not take it for its caller's (its owner pool will exit it).
+_ENTERED_BY_POOLS: set[int] = set()
+
+
 def _is_loadbalancer(obj: object) -> bool:
     return not isinstance(obj, type) and isinstance(obj, LoadBalancerLike)
 
@@ -333,9 +338,27 @@ class WorkerPool:
             factory = LocalDiscovery()
             count = self._spawn or os.cpu_count() or 1
         accepts = _SPAWNING_ACCEPTS if count else _DURABLE_ACCEPTS
+        taken_as_is: list[object] = []
+
+        def is_value(obj: object) -> bool:
+            if _is_entered(obj):
+                taken_as_is.append(obj)
+                return True
+            return False
+
         discovery = self._resolved = await stack.enter_async_context(_ExitWithin(
-            resolved(factory, expect=accepts, is_value=_is_entered, name="discovery"),
+            resolved(factory, expect=accepts, is_value=is_value, name="discovery"),
             self._announce_budget))
+        if any(obj is discovery for obj in taken_as_is):
+            if id(discovery) in _ENTERED_BY_POOLS:
+                raise RuntimeError(
+                    f"{discovery!r} belongs to another WorkerPool, which entered it and will "
+                    "exit it; give each pool its own, or enter it yourself (async with) and "
+                    "give it to both"
+                )
+        elif _is_entered(discovery):
+            _ENTERED_BY_POOLS.add(id(discovery))
+            stack.callback(_ENTERED_BY_POOLS.discard, id(discovery))
         if isinstance(discovery, DiscoveryLike):
             owned: DiscoveryLike | None = discovery
             subscriber = discovery.subscriber
