@@ -9,19 +9,27 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-__all__ = ["backend", "count", "duration", "seconds", "tag_set"]
+__all__ = ["MAX_SECONDS", "backend", "count", "duration", "seconds", "tag_set"]
+
+#: The longest duration any parameter accepts (one week): longer ones are mistakes, and some
+#: overflow the system calls they reach (``poll`` takes at most about 24.8 days).
+MAX_SECONDS = 7 * 24 * 3600.0
 
 
 def seconds(name: str, value: object, *, allow_zero: bool, optional: bool = False) -> float | None:
-    """A duration in seconds: a real number ≥ 0 (> 0 unless ``allow_zero``), or ``None`` when
-    ``optional``."""
+    """A duration in seconds: a finite real number ≥ 0 (> 0 unless ``allow_zero``) and at most
+    :data:`MAX_SECONDS`, or ``None`` when ``optional`` (where ``None`` means "no limit")."""
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         kind = "a number of seconds or None" if optional else "a number of seconds"
         raise TypeError(f"{name} must be {kind}, got {value!r}")
-    if math.isnan(value) or value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, got {value!r}")
+    lower = ">= 0" if allow_zero else "> 0"
+    if (isinstance(value, float) and math.isnan(value)) or value < 0 \
+            or (value == 0 and not allow_zero) or value > MAX_SECONDS:
+        raise ValueError(
+            f"{name} must be {lower} and at most {MAX_SECONDS:.0f} seconds (a week)"
+            + (" or None for no limit" if optional else "") + f", got {value!r}")
     return float(value)
 
 
@@ -45,10 +53,14 @@ def tag_set(name: str, value: Iterable[str]) -> frozenset[str]:
     """An iterable of ``str`` (a lone ``str`` is refused: it would split into characters)."""
     if isinstance(value, str):
         raise TypeError(f"{name} must be an iterable of str, not a str: {value!r}")
-    tags = frozenset(value)
-    if not all(isinstance(tag, str) for tag in tags):
-        raise TypeError(f"{name} must contain only str, got {sorted(map(repr, tags))}")
-    return tags
+    try:
+        items = list(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an iterable of str, got {value!r}") from None
+    bad = [item for item in items if not isinstance(item, str)]
+    if bad:
+        raise TypeError(f"{name} must contain only str, got {bad[0]!r} in {value!r}")
+    return frozenset(items)
 
 
 def backend(value: object) -> str | None:

@@ -289,8 +289,10 @@ async def test_worker_process_exits_and_removes_its_socket_at_stdin_eof(runtime_
                 line += await process.stdout.receive()
             address = line.decode().strip()
             socket_path = Path(address.removeprefix("unix:"))
-            assert socket_path.parent == runtime_dir
+            home = socket_path.parent
+            assert home.parent == runtime_dir and home.name.startswith("w-")
             assert socket_path.stat().st_mode & 0o777 == 0o600
+            assert home.stat().st_mode & 0o777 == 0o700
             await process.stdin.aclose()  # what a SIGKILLed parent's pipe looks like to the worker
             assert await process.wait() == 0
-    assert not socket_path.exists()
+    assert not home.exists()

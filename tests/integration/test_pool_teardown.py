@@ -19,6 +19,7 @@ import pytest
 from anywool import (
     DiscoveryPublisherLike,
     LocalDiscovery,
+    LocalWorker,
     RoundRobinLoadBalancer,
     RoutineCancelled,
     WorkerPool,
@@ -355,3 +356,88 @@ async def test_announce_timeout_zero_skips_the_announcement_quietly(
             assert await take(events, 1) == [("worker-dropped", uid)]
             tg.cancel_scope.cancel()
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+async def test_a_worker_cancelled_while_starting_leaves_no_file(runtime_dir: Path) -> None:
+    # Cancelled at every stage of the start: before the process runs, after it bound its
+    # socket, after it reported its address.
+    with anyio.fail_after(60):
+        for step in range(12):
+            with anyio.move_on_after(step * 0.04):
+                async with LocalWorker():
+                    pass
+            assert os.listdir(runtime_dir) == []
+
+
+POOL_GROUP = """
+import os, sys, anyio
+from anywool import LocalDiscovery, WorkerPool
+async def main():
+    async with WorkerPool(spawn=2, discovery=LocalDiscovery(sys.argv[1])) as pool:
+        print(*[w.pid for w in pool.workers], flush=True)
+        await anyio.sleep_forever()
+anyio.run(main)
+"""
+
+
+async def test_a_killed_process_groups_socket_directories_are_swept_by_the_next_claim(
+    namespace: str, runtime_dir: Path
+) -> None:
+    with anyio.fail_after(60):
+        child = await start(POOL_GROUP, namespace, new_group=True)
+        try:
+            pids = [int(p) for p in (await child.readline()).split()]
+            child.kill(group=True)  # the pool and its workers at once: nobody cleans up
+            await child.wait()
+            await anyio.to_thread.run_sync(lambda: psutil.wait_procs(
+                [psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=20))
+        finally:
+            await stop([child])
+        left = sorted(name[:2] for name in os.listdir(runtime_dir))
+        assert left == ["ns", "w-", "w-"]
+        # Spared while young (a worker locks its directory just after creating it).
+        for entry in runtime_dir.iterdir():
+            os.utime(entry, (time.time() - 60, time.time() - 60))
+        async with LocalDiscovery(f"{namespace}-other") as other:
+            assert os.listdir(runtime_dir) == [os.path.basename(str(other.path))]
+
+
+ORPHANING_POOL = """
+import os, sys, time, anyio
+from anywool import WorkerPool, routine
+
+@routine
+async def block(path: str) -> None:
+    with open(path, "w") as marker:
+        marker.write(str(os.getpid()))
+    time.sleep(60)  # blocks the worker's event loop: it cannot see its parent go
+
+async def main():
+    async with WorkerPool(spawn=1):
+        await block(sys.argv[2])
+anyio.run(main, backend=sys.argv[1])
+"""
+
+
+async def test_a_worker_whose_loop_is_blocked_still_exits_when_its_pool_is_killed(
+    anyio_backend: str, runtime_dir: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "blocking"
+    with anyio.fail_after(60):
+        child = await start(ORPHANING_POOL, anyio_backend, str(marker))
+        try:
+            await wait_until(lambda: marker.exists() and marker.read_text() != "",
+                             "the routine to block its worker", timeout=30)
+            worker_pid = int(marker.read_text())
+            child.kill()
+            await child.wait()
+            # The worker's watchdog ends it about 5 s after its parent's pipe hung up.
+            gone = await anyio.to_thread.run_sync(
+                lambda: psutil.wait_procs([psutil.Process(worker_pid)], timeout=20)[0])
+            assert [p.pid for p in gone] == [worker_pid]
+        finally:
+            await stop([child])
+        # It removed its socket directory; what is left is the killed pool's namespace.
+        assert [name[:3] for name in os.listdir(runtime_dir)] == ["ns-"]
+        async with LocalDiscovery("sweeper"):  # sweeps the dead generation
+            pass

@@ -658,8 +658,9 @@ def _remove_generation(root: Path, path: Path) -> None:
 
 def _sweep_leftovers(root: Path, keep: Path) -> None:
     """Remove what dead processes left behind: ``tmp-*`` and ``dead-*`` directories of killed
-    claimants, and generations (``ns-*``) whose owner died, e.g. the random namespace of a
-    SIGKILLed pool that nobody will ever claim again. ``keep`` (the namespace being claimed) is
+    claimants, generations (``ns-*``) whose owner died, e.g. the random namespace of a
+    SIGKILLed pool that nobody will ever claim again, and the socket directories (``w-*``) of
+    killed workers. ``keep`` (the namespace being claimed) is
     left to the claim's own reclaim logic, which honours ``reclaim=False``.
 
     A lock that can be taken proves its holder is gone; anything locked is left alone.
@@ -670,7 +671,7 @@ def _sweep_leftovers(root: Path, keep: Path) -> None:
         return
     now = time.time()
     for name in names:
-        if not name.startswith(("tmp-", "dead-", "ns-")) or name == keep.name:
+        if not name.startswith(("tmp-", "dead-", "ns-", "w-")) or name == keep.name:
             continue
         path = root / name
         try:
@@ -679,8 +680,9 @@ def _sweep_leftovers(root: Path, keep: Path) -> None:
             continue
         try:
             info = os.fstat(fd)
-            # A claimant locks its tmp directory right after mkdir: spare very young ones.
-            if name.startswith("tmp-") and now - info.st_mtime < 1.0:
+            # A claimant (a worker) locks its tmp (w-) directory right after mkdir: spare very
+            # young ones.
+            if name.startswith(("tmp-", "w-")) and now - info.st_mtime < 1.0:
                 continue
             if not _try_lock(fd, fcntl.LOCK_EX):
                 continue

@@ -30,6 +30,7 @@ from anywool import _validate
 from anywool._teardown import graceful_then_forceful
 from anywool.errors import WorkerError
 from anywool.metadata import WorkerMetadata
+from anywool.runtime import _socket_dir
 from anywool.runtime.worker import SYS_PATH_ENV
 
 __all__ = ["LocalWorker", "current_backend"]
@@ -100,6 +101,7 @@ class LocalWorker:
         self._entered = False
         self._process: Process | None = None
         self._metadata: WorkerMetadata | None = None
+        self._home: Path | None = None
 
     @property
     def metadata(self) -> WorkerMetadata:
@@ -130,7 +132,13 @@ class LocalWorker:
         env["PYTHONPATH"] = os.pathsep.join(
             [package_root, *filter(None, [env.get("PYTHONPATH")])]
         )
-        command = [sys.executable, "-m", "anywool.worker", "--backend", backend]
+        try:
+            # Chosen here, so that whatever happens to the worker its directory can be removed.
+            self._home = _socket_dir.choose()
+        except OSError as exc:
+            raise WorkerError("unstarted", str(exc)) from exc
+        command = [sys.executable, "-m", "anywool.worker", "--backend", backend,
+                   "--home", str(self._home)]
         try:
             process = await anyio.open_process(
                 command, stdin=-1, stdout=-1, stderr=None, cwd=os.getcwd(), env=env
@@ -261,10 +269,7 @@ class LocalWorker:
             pass  # already exiting
 
     def _remove_socket(self) -> None:
-        # A worker that was killed could not remove its socket; the path is ours to clean.
-        if self._metadata is not None and self._metadata.address.startswith("unix:"):
-            path = Path(self._metadata.address[len("unix:") :])
-            try:
-                path.unlink(missing_ok=True)
-            except OSError as exc:
-                log.warning("could not remove worker socket %s: %s", path, exc)
+        # A worker that was killed could not remove its socket; its directory is ours to clean
+        # once it is reaped (we chose it, so we know it even if it never reported an address).
+        if self._home is not None:
+            _socket_dir.remove(self._home)

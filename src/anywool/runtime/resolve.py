@@ -188,9 +188,14 @@ def resolved(
         expected type or types; what was entered has been exited), or the forms nest more than
         8 levels deep.
     :raises RuntimeError: the returned context is entered a second time.
+    :raises TypeError: (at once) ``expect`` is neither a type nor a non-empty tuple of types.
     :raises Exception: whatever calling, awaiting or entering the dependency raised (what was
         entered before has been exited).
 
     Cancellation: entering is cancelled like the calls it makes; what was entered is exited.
     """
+    if expect is not None:
+        kinds = expect if isinstance(expect, tuple) else (expect,)
+        if not kinds or not all(isinstance(kind, type) for kind in kinds):
+            raise TypeError(f"expect must be a type or a non-empty tuple of types, got {expect!r}")
     return _Resolved(dependency, expect, is_value, name)

@@ -1,7 +1,9 @@
-"""The worker process: ``python -m anywool.worker --backend asyncio|trio [--address ADDR]``.
+"""The worker process: ``python -m anywool.worker --backend asyncio|trio [--home DIR | --address ADDR]``.
 
-It runs its own event loop on the requested backend, listens on a Unix socket inside the runtime
-directory (``0600`` socket in a ``0700`` directory: only the same user can dispatch), and prints
+It runs its own event loop on the requested backend, listens on a Unix socket in a directory of
+its own inside the runtime directory (``0600`` socket in ``0700`` directories: only the same user
+can dispatch; the directory is locked for the worker's life, see
+:mod:`anywool.runtime._socket_dir`), and prints
 its address as one line on stdout. TCP is refused until peer authentication exists: a frame is
 pickled code, so an unauthenticated TCP listener would run anyone's code. Everything it
 prints afterwards (including routines' ``print``) goes to stderr, so the pipe its parent reads
@@ -13,7 +15,9 @@ a connection that closes cancels its calls. The worker stops:
 * on a stop request, a line ``stop <grace>`` on stdin: ``grace`` seconds to drain in-flight calls
   (new ones are refused with ``NACK``), ``0`` to cancel them now, negative to drain for as long
   as they take;
-* at EOF on stdin (its parent closed the pipe or died, even by SIGKILL): cancels now;
+* at EOF on stdin (its parent closed the pipe or died, even by SIGKILL): cancels now, and if
+  it has not exited 5 s after that (a routine that shields itself or blocks the event loop), a
+  watchdog thread removes its socket and ends the process;
 * on SIGTERM: cancels now; on SIGINT: drains forever.
 
 A routine cancelled by the stop (or by a client's cancel frame) still answers its call, with
@@ -35,8 +39,9 @@ import math
 import os
 import signal
 import sys
-import tempfile
-import uuid
+import select
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -44,49 +49,25 @@ from typing import Any
 import anyio
 from anyio.abc import ByteStream, Listener, TaskGroup
 
-from anywool._runtime_dir import runtime_dir
 from anywool.errors import PayloadTooLarge, RoutineCancelled
-from anywool.runtime import serializer
+from anywool.runtime import _socket_dir, serializer
 from anywool.runtime.routine import routine_body
 from anywool.runtime.wire import Frame, FrameError, FrameStream, Kind, payload_limit
 
-__all__ = ["SYS_PATH_ENV", "main", "unix_socket_path"]
+__all__ = ["SYS_PATH_ENV", "main"]
 
 log = logging.getLogger("anywool.worker")
 
 SYS_PATH_ENV = "ANYWOOL_WORKER_SYS_PATH"
 
-# sun_path is 108 bytes on Linux (104 on the BSDs), one of which is the terminating NUL.
-_SUN_PATH_MAX = 103 if sys.platform == "darwin" or "bsd" in sys.platform else 107
-
 # How long a cancelled call may take to tell its client it was cancelled.
 _REPLY_TIMEOUT = 1.0
 # Seconds a stopping worker waits for its clients to hang up after it half-closed.
 _LINGER = 2.0
-
-
-def unix_socket_path() -> tuple[Path, Path | None]:
-    """A fresh socket path for this worker and the private directory to remove with it, if any.
-
-    The socket goes into :func:`~anywool._runtime_dir.runtime_dir` as ``w-<8 hex>.sock``; when
-    that path would not fit ``sun_path``, into a new ``0700`` directory under the system temporary
-    directory.
-
-    :raises OSError: no short enough location exists (the path is never truncated).
-    """
-    name = f"w-{uuid.uuid4().hex[:8]}.sock"
-    path = runtime_dir() / name
-    if len(os.fsencode(path)) <= _SUN_PATH_MAX:
-        return path, None
-    private = Path(tempfile.mkdtemp(prefix="aw-"))  # created 0700
-    path = private / name
-    if len(os.fsencode(path)) <= _SUN_PATH_MAX:
-        return path, private
-    private.rmdir()
-    raise OSError(
-        f"no Unix socket path short enough for this worker: {path} is longer than "
-        f"{_SUN_PATH_MAX} bytes; set ANYWOOL_RUNTIME_DIR or TMPDIR to a shorter directory"
-    )
+# Once its parent is gone (stdin hung up), the seconds a worker has to stop by itself before it
+# exits regardless: a routine that shields itself or blocks the event loop cannot keep it alive.
+_ORPHAN_GRACE = 5.0
+_ORPHANED_EXIT_CODE = 70
 
 
 class _Stop:
@@ -376,19 +357,44 @@ class _Worker:
                 self.stop.request(0 if signum == signal.SIGTERM else -1)
 
 
-async def _open_listener(address: str | None) -> tuple[Listener[Any], str, Path | None, Path | None]:
-    if address is None or address.startswith("unix:"):
-        if address is None:
-            path, private = unix_socket_path()
-        else:
-            path, private = Path(address[len("unix:") :]), None
+async def _open_listener(
+    address: str | None, home: Path | None
+) -> tuple[Listener[Any], str, _socket_dir.Home | None, Path | None]:
+    """(listener, announced address, the socket's locked home if any, a bare socket path)."""
+    if address is None:
+        owned = _socket_dir.Home(home or _socket_dir.choose())
+        try:
+            listener = await anyio.create_unix_listener(owned.socket, mode=0o600)
+        except BaseException:
+            owned.remove()
+            raise
+        return listener, f"unix:{owned.socket}", owned, None
+    if address.startswith("unix:"):
+        path = Path(address[len("unix:") :])
         listener = await anyio.create_unix_listener(path, mode=0o600)
-        return listener, f"unix:{path}", path, private
+        return listener, address, None, path
     raise SystemExit(
         f"anywool.worker: refusing to listen on {address!r}: TCP listeners need peer "
         "authentication (mutual TLS or an HMAC challenge), which is not implemented yet; "
         "use a unix: address"
     )
+
+
+def _exit_when_orphaned(cleanup: Callable[[], None]) -> None:
+    """Thread body: once stdin hangs up (the parent closed it or died), give the event loop
+    :data:`_ORPHAN_GRACE` seconds to stop the worker, then remove its socket and exit anyway.
+
+    It never reads stdin (the event loop does): it polls for the hang-up only."""
+    poller = select.poll()
+    poller.register(sys.stdin.fileno(), 0)  # POLLHUP and POLLERR are always reported
+    while not any(event & (select.POLLHUP | select.POLLERR | select.POLLNVAL)
+                  for _, event in poller.poll()):
+        pass
+    time.sleep(_ORPHAN_GRACE)
+    try:
+        cleanup()
+    finally:
+        os._exit(_ORPHANED_EXIT_CODE)
 
 
 async def _refuse(frames: FrameStream, call_id: int) -> None:
@@ -405,9 +411,19 @@ async def _accept(scope: anyio.CancelScope, listener: Listener[Any],
         await listener.serve(handler, task_group=handlers)
 
 
-async def serve(address: str | None = None) -> None:
+async def serve(address: str | None = None, home: Path | None = None) -> None:
     """Listen, announce the address on stdout, serve until stopped, clean up."""
-    listener, announced, path, private = await _open_listener(address)
+    listener, announced, owned, path = await _open_listener(address, home)
+
+    def remove_socket() -> None:
+        if owned is not None:
+            owned.remove()
+        if path is not None:
+            path.unlink(missing_ok=True)
+
+    if not os.isatty(sys.stdin.fileno()):
+        threading.Thread(target=_exit_when_orphaned, args=(remove_socket,), daemon=True,
+                         name="anywool-orphan-watchdog").start()
     worker = _Worker(announced)
     try:
         async with anyio.create_task_group() as main_tg:
@@ -432,10 +448,7 @@ async def serve(address: str | None = None) -> None:
     finally:
         with anyio.CancelScope(shield=True):
             await listener.aclose()
-        if path is not None:
-            path.unlink(missing_ok=True)
-        if private is not None:
-            private.rmdir()
+        remove_socket()
 
 
 def _apply_parent_environment() -> None:
@@ -452,9 +465,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--address", default=None, help="unix:/path (default: a socket in the runtime dir)"
     )
+    parser.add_argument(
+        "--home", default=None, type=Path,
+        help="the directory to create for the socket (default: a fresh one in the runtime dir)"
+    )
     options = parser.parse_args(argv)
     _apply_parent_environment()
     logging.basicConfig(level=logging.WARNING, format="anywool.worker[%(process)d] %(message)s")
     # Default SIGINT handling would raise KeyboardInterrupt; we want "drain" instead.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    anyio.run(serve, options.address, backend=options.backend)
+    anyio.run(serve, options.address, options.home, backend=options.backend)

@@ -1,0 +1,56 @@
+"""Argument checks shared by every public constructor: clear errors naming the parameter."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from anywool import LocalDiscovery, WorkerPool, WorkerProxy, resolved
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, 10**400, 7 * 24 * 3600 + 1, -1])
+@pytest.mark.parametrize(
+    "construct",
+    [lambda v: WorkerPool(spawn=1, shutdown_timeout=v),
+     lambda v: WorkerPool(spawn=1, announce_timeout=v),
+     lambda v: WorkerPool(spawn=1, quorum_timeout=v),
+     lambda v: WorkerProxy("ns", quorum_timeout=v),
+     lambda v: LocalDiscovery("ns", lock_timeout=v),
+     lambda v: LocalDiscovery.Subscriber("ns", poll_interval=v)],
+    ids=["shutdown_timeout", "announce_timeout", "quorum_timeout", "proxy.quorum_timeout",
+         "lock_timeout", "poll_interval"],
+)
+def test_durations_must_be_finite_and_at_most_a_week(construct, value, request) -> None:
+    name = request.node.callspec.id.split("-")[0].removeprefix("proxy.")
+    with pytest.raises(ValueError, match=f"^{name} must be"):
+        construct(value)
+
+
+def test_none_means_no_limit_only_where_documented() -> None:
+    LocalDiscovery("ns", lock_timeout=None)
+    with pytest.raises(TypeError, match="shutdown_timeout must be a number of seconds"):
+        WorkerPool(spawn=1, shutdown_timeout=None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("tags", "match"),
+    [(None, "tags must be an iterable of str, got None"),
+     ("gpu", "tags must be an iterable of str, not a str"),
+     ([["a"]], r"tags must contain only str, got \['a'\]"),
+     ([1], "tags must contain only str, got 1")],
+)
+def test_tags_name_the_parameter(tags: object, match: str) -> None:
+    with pytest.raises(TypeError, match=match):
+        WorkerPool(spawn=1, tags=tags)  # type: ignore[arg-type]
+
+
+def test_pool_uri_tags_name_the_parameter() -> None:
+    with pytest.raises(TypeError, match="uri_tags must contain only str"):
+        WorkerProxy("ns", ["a"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("expect", [42, (), (int, 42), "int"])
+def test_resolved_checks_expect_at_once(expect: object) -> None:
+    with pytest.raises(TypeError, match="expect must be a type or a non-empty tuple of types"):
+        resolved(object(), expect=expect)  # type: ignore[call-overload]
