@@ -63,3 +63,21 @@ async def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 
         while not predicate():
             await anyio.sleep(0.02)
     assert predicate(), f"timed out after {timeout} s waiting for {what}"
+
+
+class Signal:
+    """A loopback TCP listener that a routine connects to once it has started (see
+    ``tests.integration.routines``): :meth:`started` returns when it has."""
+
+    async def __aenter__(self) -> Signal:
+        self.listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        self.port: int = self.listener.extra(anyio.abc.SocketAttribute.local_port)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.listener.aclose()
+
+    async def started(self) -> None:
+        stream = await self.listener.listeners[0].accept()  # type: ignore[attr-defined]
+        async with stream:
+            assert await stream.receive() == b"started"

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
+
+import anyio
 
 from anywool import routine
 
@@ -10,3 +13,23 @@ from anywool import routine
 @routine
 async def whoami() -> int:
     return os.getpid()
+
+
+@routine
+async def value_after(seconds: float, port: int) -> int:
+    """Tell the test it started (a connection to ``port``), work ``seconds``, return 7."""
+    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+        await stream.send(b"started")
+    await anyio.sleep(seconds)  # the routine's work, not synchronisation
+    return 7
+
+
+@routine
+async def hold_until_cancelled(port: int, path: str) -> None:
+    """Tell the test it started, wait until cancelled; write ``path`` from its ``finally``."""
+    try:
+        async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+            await stream.send(b"started")
+        await anyio.sleep_forever()
+    finally:
+        Path(path).write_text("finally ran")

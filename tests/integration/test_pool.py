@@ -18,6 +18,9 @@ from anywool.runtime.local_worker import LocalWorker
 from anywool.runtime.pool import WorkerPool
 from anywool.runtime.routine import routine
 
+from ..helpers import Signal
+from .routines import hold_until_cancelled
+
 pytestmark = pytest.mark.anyio
 
 
@@ -54,17 +57,6 @@ async def echo():
 
 
 @routine
-async def hold(port: int, path: str) -> None:
-    """Tell the test it started (over TCP), then wait until cancelled; record that finally ran."""
-    try:
-        async with await anyio.connect_tcp("127.0.0.1", port) as stream:
-            await stream.send(b"started")
-            await anyio.sleep_forever()
-    finally:
-        Path(path).write_text("finally ran")
-
-
-@routine
 async def generate_then_hold(path: str):
     try:
         yield "first"
@@ -72,13 +64,6 @@ async def generate_then_hold(path: str):
         yield "never"
     finally:
         Path(path).write_text("generator finally ran")
-
-
-async def _wait_started(listener: anyio.abc.Listener, started: anyio.Event) -> None:
-    stream = await listener.listeners[0].accept()  # type: ignore[attr-defined]
-    async with stream:
-        assert await stream.receive() == b"started"
-    started.set()
 
 
 def _assert_gone(pids: list[int]) -> None:
@@ -155,14 +140,11 @@ async def test_athrow_of_an_uncaught_exception_raises_it_back() -> None:
 async def test_cancelling_the_caller_runs_the_routines_finally_on_the_worker(tmp_path: Path) -> None:
     marker = tmp_path / "finally"
     with anyio.fail_after(30):
-        async with WorkerPool(spawn=2), await anyio.create_tcp_listener(local_host="127.0.0.1") as listener:
-            port = listener.extra(anyio.abc.SocketAttribute.local_port)
-            started = anyio.Event()
+        async with WorkerPool(spawn=2), Signal() as signal_:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_wait_started, listener, started)
                 with anyio.CancelScope() as scope:
-                    tg.start_soon(_cancel_when, started, scope)
-                    await hold(port, str(marker))
+                    tg.start_soon(_cancel_when_started, signal_, scope)
+                    await hold_until_cancelled(signal_.port, str(marker))
             assert scope.cancelled_caught
             # The cancellation reached us only after the worker confirmed the routine unwound.
             assert marker.read_text() == "finally ran"
@@ -181,8 +163,8 @@ async def test_cancelling_a_streaming_caller_runs_the_generators_finally(tmp_pat
             assert marker.read_text() == "generator finally ran"
 
 
-async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:
-    await event.wait()
+async def _cancel_when_started(signal_: Signal, scope: anyio.CancelScope) -> None:
+    await signal_.started()
     scope.cancel()
 
 
@@ -190,22 +172,18 @@ async def test_routine_cancelled_by_its_worker_raises_routine_cancelled(tmp_path
     marker = tmp_path / "finally"
     with anyio.fail_after(30):
         async with LocalWorker() as worker, WorkerConnection(worker.address) as connection:
-            async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener:
-                port = listener.extra(anyio.abc.SocketAttribute.local_port)
-                started = anyio.Event()
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(_wait_started, listener, started)
-                    tg.start_soon(_sigterm_when, started, worker.pid)
-                    with pytest.raises(RoutineCancelled) as info:
-                        await connection.call(hold, (port, str(marker)), {})
-    assert info.value.routine == "hold"
+            async with Signal() as signal_, anyio.create_task_group() as tg:
+                tg.start_soon(_sigterm_when_started, signal_, worker.pid)
+                with pytest.raises(RoutineCancelled) as info:
+                    await connection.call(hold_until_cancelled, (signal_.port, str(marker)), {})
+    assert info.value.routine == "hold_until_cancelled"
     assert info.value.address == worker.address
     assert marker.read_text() == "finally ran"
     _assert_gone([worker.pid])
 
 
-async def _sigterm_when(event: anyio.Event, pid: int) -> None:
-    await event.wait()
+async def _sigterm_when_started(signal_: Signal, pid: int) -> None:
+    await signal_.started()
     os.kill(pid, signal.SIGTERM)
 
 

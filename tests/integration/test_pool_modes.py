@@ -24,13 +24,12 @@ from anywool import (
     NoWorkersAvailable,
     RoundRobinLoadBalancer,
     WorkerPool,
-    routine,
 )
 from anywool.metadata import WorkerMetadata
 
-from ..helpers import follow, take, wait_until
+from ..helpers import Signal, follow, take, wait_until
 from .children import start, stop
-from .routines import whoami
+from .routines import value_after, whoami
 
 pytestmark = pytest.mark.anyio
 
@@ -392,32 +391,20 @@ async def test_a_worker_that_cannot_be_connected_to_never_disturbs_the_pools_blo
                 assert {await whoami() for _ in range(3)} == {pool.workers[0].pid}
 
 
-@routine
-async def value_after(seconds: float, port: int) -> int:
-    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
-        await stream.send(b"started")
-    await anyio.sleep(seconds)  # the routine's work, not synchronisation
-    return 7
-
-
 async def test_a_borrowers_call_in_flight_finishes_while_the_owner_exits(namespace: str) -> None:
     # The owner withdraws its worker and drains it: the borrower's call on it must complete.
     results: list[int] = []
     with anyio.fail_after(60):
-        async with anyio.create_task_group() as tg, \
-                await anyio.create_tcp_listener(local_host="127.0.0.1") as listener:
-            port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        async with anyio.create_task_group() as tg, Signal() as signal_:
             owner = await start_owner(tg, namespace)
             async with WorkerPool(discovery=LocalDiscovery.Subscriber(namespace)):
                 async with anyio.create_task_group() as calls:
 
                     async def call() -> None:
-                        results.append(await value_after(0.5, port))
+                        results.append(await value_after(0.5, signal_.port))
 
                     calls.start_soon(call)
-                    started = await listener.listeners[0].accept()  # type: ignore[attr-defined]
-                    async with started:
-                        assert await started.receive() == b"started"
+                    await signal_.started()
                     await owner.exit()
     assert results == [7]
 

@@ -27,48 +27,14 @@ from anywool import (
 )
 from anywool.metadata import WorkerMetadata
 
-from ..helpers import follow, take, wait_until
+from ..helpers import Signal, follow, take, wait_until
 from .children import hold_registry_lock, start, stop
+from .routines import hold_until_cancelled, value_after
 
 pytestmark = pytest.mark.anyio
 
 # What exit may take beyond its two budgets: SIGTERM and reaping, on a loaded 2-core machine.
 SLACK = 3.0
-
-
-@routine
-async def value_after(seconds: float, port: int) -> int:
-    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
-        await stream.send(b"started")
-    await anyio.sleep(seconds)  # the routine's work, not synchronisation
-    return 7
-
-
-@routine
-async def hold_until_cancelled(port: int, path: str) -> None:
-    try:
-        async with await anyio.connect_tcp("127.0.0.1", port) as stream:
-            await stream.send(b"started")
-        await anyio.sleep_forever()
-    finally:
-        Path(path).write_text("finally ran")
-
-
-class Signal:
-    """A TCP listener a routine connects to once it has started."""
-
-    async def __aenter__(self) -> Signal:
-        self.listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-        self.port = self.listener.extra(anyio.abc.SocketAttribute.local_port)
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.listener.aclose()
-
-    async def started(self) -> None:
-        stream = await self.listener.listeners[0].accept()  # type: ignore[attr-defined]
-        async with stream:
-            assert await stream.receive() == b"started"
 
 
 def _gone(pids: list[int]) -> bool:
