@@ -12,6 +12,10 @@ only less politely. Every owner in anywool splits its exit this way:
   graceful phase whatever happened to it, so nothing is leaked, then the caller's cancellation
   (if any) is re-raised.
 
+An owner made of several parts (a pool) divides its exit into :class:`Budget` s: each step
+spends what it uses of its budget, and :class:`ExitWithin` bounds the exit of a context manager
+by what is left.
+
 What this module must never do: swallow a cancellation, or let the graceful phase's failure
 prevent the forceful one.
 """
@@ -20,11 +24,14 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
+from types import TracebackType
+from typing import Any
 
 import anyio
 
-__all__ = ["graceful_then_forceful"]
+__all__ = ["Budget", "ExitWithin", "graceful_then_forceful"]
 
 
 async def graceful_then_forceful(
@@ -74,3 +81,63 @@ async def graceful_then_forceful(
         if scope.cancelled_caught:
             log.error("%s: the forceful part did not finish within %s seconds", what,
                       forceful_timeout)
+
+
+class Budget:
+    """Seconds to spend, at exit, on one kind of waiting; each step spends what it uses."""
+
+    def __init__(self, seconds: float) -> None:
+        self.left = seconds
+
+    def spend_since(self, start: float) -> None:
+        self.left = max(0.0, self.left - (anyio.current_time() - start))
+
+    @contextmanager
+    def scope(self, *, fail: bool = False) -> Iterator[anyio.CancelScope]:
+        """A cancel scope (``fail``: raising ``TimeoutError``) ending when the budget does."""
+        start = anyio.current_time()
+        try:
+            with (anyio.fail_after if fail else anyio.move_on_after)(self.left) as scope:
+                yield scope
+        finally:
+            self.spend_since(start)
+
+
+class ExitWithin:
+    """An async context manager whose exit spends at most what is left of a budget.
+
+    The bounding cancel scope is entered *before* the inner context manager and exited after
+    it, so a task group the inner one holds nests inside it, as scopes must.
+    """
+
+    def __init__(self, inner: AbstractAsyncContextManager[Any], budget: Budget) -> None:
+        self._inner = inner
+        self._budget = budget
+        self._scope = anyio.CancelScope()
+
+    async def __aenter__(self) -> Any:
+        self._scope.__enter__()
+        try:
+            return await self._inner.__aenter__()
+        except BaseException as exc:
+            self._scope.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        start = anyio.current_time()
+        self._scope.deadline = start + self._budget.left
+        try:
+            suppress = await self._inner.__aexit__(exc_type, exc, tb)
+        except BaseException as error:
+            self._budget.spend_since(start)
+            if self._scope.__exit__(type(error), error, error.__traceback__):
+                return None  # our own deadline: the caller's exception (if any) goes on
+            raise
+        self._budget.spend_since(start)
+        self._scope.__exit__(None, None, None)
+        return suppress

@@ -24,8 +24,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable
-from collections.abc import Iterator
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager
+from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any
 from uuid import UUID
@@ -34,6 +33,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from anywool import _validate
+from anywool._teardown import Budget, ExitWithin
 from anywool.discovery.protocols import DiscoveryLike, DiscoveryPublisherLike, DiscoverySubscriberLike
 from anywool.runtime.loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
 from anywool.runtime.local_worker import LocalWorker, current_backend
@@ -69,66 +69,6 @@ _ENTERED_BY_POOLS: set[int] = set()
 
 def _is_loadbalancer(obj: object) -> bool:
     return not isinstance(obj, type) and isinstance(obj, LoadBalancerLike)
-
-
-class _Budget:
-    """Seconds to spend, at exit, on one kind of waiting; each step spends what it uses."""
-
-    def __init__(self, seconds: float) -> None:
-        self.left = seconds
-
-    def spend_since(self, start: float) -> None:
-        self.left = max(0.0, self.left - (anyio.current_time() - start))
-
-    @contextmanager
-    def scope(self, *, fail: bool = False) -> Iterator[anyio.CancelScope]:
-        """A cancel scope (``fail``: raising ``TimeoutError``) ending when the budget does."""
-        start = anyio.current_time()
-        try:
-            with (anyio.fail_after if fail else anyio.move_on_after)(self.left) as scope:
-                yield scope
-        finally:
-            self.spend_since(start)
-
-
-class _ExitWithin:
-    """An async context manager whose exit spends at most what is left of a budget.
-
-    The bounding cancel scope is entered *before* the inner context manager and exited after
-    it, so a task group the inner one holds nests inside it, as scopes must.
-    """
-
-    def __init__(self, inner: AbstractAsyncContextManager[Any], budget: _Budget) -> None:
-        self._inner = inner
-        self._budget = budget
-        self._scope = anyio.CancelScope()
-
-    async def __aenter__(self) -> Any:
-        self._scope.__enter__()
-        try:
-            return await self._inner.__aenter__()
-        except BaseException as exc:
-            self._scope.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        start = anyio.current_time()
-        self._scope.deadline = start + self._budget.left
-        try:
-            suppress = await self._inner.__aexit__(exc_type, exc, tb)
-        except BaseException as error:
-            self._budget.spend_since(start)
-            if self._scope.__exit__(type(error), error, error.__traceback__):
-                return None  # our own deadline: the caller's exception (if any) goes on
-            raise
-        self._budget.spend_since(start)
-        self._scope.__exit__(None, None, None)
-        return suppress
 
 
 class WorkerPool:
@@ -274,8 +214,8 @@ class WorkerPool:
         self._exiting = False
         self._announcing: set[anyio.CancelScope] = set()
         self._stopping = anyio.Event()
-        self._announce_budget = _Budget(self._announce_timeout)
-        self._shutdown_budget = _Budget(self._shutdown_timeout)
+        self._announce_budget = Budget(self._announce_timeout)
+        self._shutdown_budget = Budget(self._shutdown_timeout)
 
     @property
     def workers(self) -> list[LocalWorker]:
@@ -327,7 +267,7 @@ class WorkerPool:
         if self._loadbalancer is None:
             balancer: LoadBalancerLike = RoundRobinLoadBalancer()
         else:
-            balancer = await stack.enter_async_context(_ExitWithin(resolved(
+            balancer = await stack.enter_async_context(ExitWithin(resolved(
                 self._loadbalancer, expect=LoadBalancerLike, is_value=_is_loadbalancer,
                 name="loadbalancer"), self._announce_budget))
         factory = self._discovery
@@ -346,7 +286,7 @@ class WorkerPool:
                 return True
             return False
 
-        discovery = self._resolved = await stack.enter_async_context(_ExitWithin(
+        discovery = self._resolved = await stack.enter_async_context(ExitWithin(
             resolved(factory, expect=accepts, is_value=is_value, name="discovery"),
             self._announce_budget))
         if any(obj is discovery for obj in taken_as_is):
@@ -368,7 +308,7 @@ class WorkerPool:
             namespace = getattr(owned, "namespace", None)
             tags = self._tags | ({namespace} if isinstance(namespace, str) else set())
             await self._start_workers(stack, count, tags)
-            publisher = self._publisher = await stack.enter_async_context(_ExitWithin(
+            publisher = self._publisher = await stack.enter_async_context(ExitWithin(
                 resolved(owned.publisher, expect=DiscoveryPublisherLike,
                          name="discovery.publisher"), self._announce_budget))
             async with self._publishing:
