@@ -6,6 +6,7 @@ import gc
 from contextlib import aclosing
 import os
 import pickle
+import select
 import threading
 
 import anyio
@@ -320,3 +321,51 @@ async def test_closing_a_filtered_iteration_releases_the_source_at_once(namespac
                 async for _ in events:
                     break
             assert sources(namespace) == {} and source_threads(namespace) == []
+
+
+_REAL_POLL = select.poll
+
+
+class _DyingPoller:
+    """A select.poll whose poll() raises, as poll(inf) raised OverflowError in a source thread."""
+
+    def __init__(self) -> None:
+        self._real = _REAL_POLL()
+
+    def register(self, fd: int, events: int) -> None:
+        self._real.register(fd, events)
+
+    def poll(self, timeout: float | None = None) -> list[tuple[int, int]]:
+        raise OverflowError("timeout is too large")
+
+
+async def test_a_source_that_dies_fails_its_iterations_and_never_writes_to_a_closed_descriptor(
+    namespace, tmp_path, caplog
+):
+    # The data loss this pins: a dead source's stop pipe was closed, its descriptor numbers
+    # reused by the user's next files, and ending the iteration then wrote a NUL byte into one.
+    files = []
+    try:
+        with anyio.fail_after(10):
+            async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+                await publisher.publish("worker-added", first := worker())
+                with pytest.MonkeyPatch.context() as patch:
+                    patch.setattr(hub.select, "poll", _DyingPoller)
+                    async with aclosing(aiter(LocalDiscovery.Subscriber(namespace))) as events:
+                        assert (await anext(events)).metadata.uid == first.uid
+                        with pytest.raises(RuntimeError, match="discovery source .* failed") as info:
+                            await anext(events)
+                        assert isinstance(info.value.__cause__, OverflowError)
+                        # Whatever descriptors the source closed, the user's files take them.
+                        for index in range(8):
+                            files.append(open(tmp_path / f"user-{index}", "w+b"))
+                # A fresh iteration starts a fresh source.
+                async with aclosing(aiter(LocalDiscovery.Subscriber(namespace))) as events:
+                    assert (await anext(events)).metadata.uid == first.uid
+        for file in files:
+            file.seek(0)
+            assert file.read() == b"", f"{file.name} was written to"
+    finally:
+        for file in files:
+            file.close()
+    assert "the discovery source for" in caplog.text

@@ -77,6 +77,10 @@ class _Consumer:
             else:
                 self.batches.append(events)
                 self.queued += len(events)
+        self.wake()
+
+    def wake(self) -> None:
+        """Make the consumer's loop look at its queue (and its source's failure)."""
         try:
             os.write(self.wake_w, b"\0")
         except (BlockingIOError, OSError):
@@ -152,7 +156,13 @@ class _Source:
         self.binds = 1
         self.scans = 0
         self.watcher = _Watcher()
+        # The stop pipe's descriptors are written and closed only under ``lock`` and set to -1
+        # when closed: a descriptor number may be reused at once by any file of the process, so
+        # nothing may ever be written to one after it was closed.
         self.stop_r, self.stop_w = os.pipe()
+        # Set (under ``lock``) when the thread ended for any other reason than a stop: every
+        # consumer's iteration then raises it instead of waiting for events that never come.
+        self.failure: BaseException | None = None
         self._counter = -1
         self.thread = threading.Thread(
             target=self._run, name=f"anywool-source-{key[0]}", daemon=True)
@@ -171,36 +181,59 @@ class _Source:
         if self.binding is not None:
             self.binding.close()
             self.binding = None
-        os.close(self.stop_r)
-        os.close(self.stop_w)
+        with self.lock:
+            for fd in (self.stop_r, self.stop_w):
+                if fd >= 0:
+                    os.close(fd)
+            self.stop_r = self.stop_w = -1
 
     def stop(self) -> threading.Thread:
-        os.write(self.stop_w, b"\0")
+        """Ask the thread to end (a no-op once it has: its stop pipe is closed)."""
+        with self.lock:
+            if self.stop_w >= 0:
+                os.write(self.stop_w, b"\0")
         return self.thread
 
     # -- the thread --
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:
+            log.exception("the discovery source for %r failed", self.namespace)
+            self._fail(exc)
+        finally:
+            self.close()
+
+    def _fail(self, exc: BaseException) -> None:
+        """Leave the hub (the next iteration starts a fresh source) and wake every consumer,
+        whose iteration raises."""
+        with _hub.lock:
+            if _hub.sources.get(self.key) is self:
+                del _hub.sources[self.key]
+            with self.lock:
+                self.failure = exc
+                for consumer in self.consumers:
+                    consumer.wake()
+
+    def _serve(self) -> None:
         poller = select.poll()
         poller.register(self.stop_r, select.POLLIN)
         hint_fd = self.watcher.fileno()
         if hint_fd is not None:
             poller.register(hint_fd, select.POLLIN)
-        try:
-            while True:
-                ready = poller.poll(self.poll_interval * 1000)
-                if any(fd == self.stop_r for fd, _ in ready):
-                    return
-                if ready:
-                    self.watcher.drain()
-                try:
-                    self._refresh(probe=not ready, checkpoint=self._check_stop)
-                except _Stopped:
-                    return
-                except Exception:  # a wedged writer or an I/O error: retry next round
-                    log.exception("discovery source for %r failed to refresh", self.namespace)
-        finally:
-            self.close()
+        while True:
+            ready = poller.poll(self.poll_interval * 1000)
+            if any(fd == self.stop_r for fd, _ in ready):
+                return
+            if ready:
+                self.watcher.drain()
+            try:
+                self._refresh(probe=not ready, checkpoint=self._check_stop)
+            except _Stopped:
+                return
+            except Exception:  # a wedged writer or an I/O error: retry next round
+                log.exception("discovery source for %r failed to refresh", self.namespace)
 
     def _check_stop(self) -> None:
         # Called between attempts to take the registry lock: stopping never waits on a writer.
@@ -404,6 +437,10 @@ async def _receive(source: _Source, consumer: _Consumer) -> list[DiscoveryEvent]
             elif consumer.batches:
                 events = consumer.batches.popleft()
                 consumer.queued -= len(events)
+            elif source.failure is not None:  # once what it delivered before has been read
+                raise RuntimeError(
+                    f"the discovery source of namespace {source.namespace!r} failed: "
+                    f"{source.failure!r}") from source.failure
             else:
                 events = None
         if events:
