@@ -28,6 +28,8 @@ def runtime_dir(create: bool = True) -> Path:
     planted files in it.
 
     :param create: create the directory when it does not exist.
+    :raises ValueError: ``$ANYWOOL_RUNTIME_DIR`` is a relative path (it would name a different
+        directory for every working directory, and worker socket addresses must be absolute).
     :raises PermissionError: the path is a symlink, not a directory, owned by another user, or
         writable by others.
     :raises FileNotFoundError: it does not exist and ``create`` is false, or its parent does
@@ -36,6 +38,8 @@ def runtime_dir(create: bool = True) -> Path:
     configured = os.environ.get(ENV_VAR)
     if configured:
         path = Path(configured)
+        if not path.is_absolute():
+            raise ValueError(f"{ENV_VAR} must be an absolute path, got {configured!r}")
     else:
         base = Path("/dev/shm") if os.path.isdir("/dev/shm") else Path(tempfile.gettempdir())
         path = base / f"anywool-{os.getuid()}"

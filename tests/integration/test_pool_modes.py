@@ -428,3 +428,15 @@ async def test_a_discovery_its_caller_entered_serves_two_pools(namespace: str) -
                 assert {await whoami() for _ in range(6)} == {
                     first.workers[0].pid, second.workers[0].pid}
             assert shared.claimed
+
+
+async def test_a_relative_runtime_directory_is_refused_before_anything_is_created(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ANYWOOL_RUNTIME_DIR", "relative/dir")
+    with anyio.fail_after(30), pytest.raises(ValueError, match="ANYWOOL_RUNTIME_DIR must be an absolute path"):
+        async with WorkerPool(spawn=1):
+            pytest.fail("entered")
+    assert list(tmp_path.iterdir()) == []
+    assert psutil.Process().children() == []
