@@ -9,15 +9,20 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-__all__ = ["MAX_SECONDS", "backend", "count", "duration", "seconds", "tag_set"]
+__all__ = ["MAX_SECONDS", "MIN_INTERVAL", "backend", "count", "duration", "seconds", "tag_set"]
 
 #: The longest duration any parameter accepts (one week): longer ones are mistakes, and some
 #: overflow the system calls they reach (``poll`` takes at most about 24.8 days).
 MAX_SECONDS = 7 * 24 * 3600.0
+#: The shortest interval of repeated background work (polling, reaping): shorter ones only burn
+#: CPU (a reap_interval of 1e-9 s halved publish throughput).
+MIN_INTERVAL = 0.01
 
 
-def seconds(name: str, value: object, *, allow_zero: bool, optional: bool = False) -> float | None:
-    """A duration in seconds: a finite real number ≥ 0 (> 0 unless ``allow_zero``) and at most
+def seconds(name: str, value: object, *, allow_zero: bool, optional: bool = False,
+            floor: float = 0.0) -> float | None:
+    """A duration in seconds: a finite real number ≥ 0 (> 0 unless ``allow_zero``; at least
+    ``floor`` when given, for intervals of work repeated every that many seconds) and at most
     :data:`MAX_SECONDS`, or ``None`` when ``optional`` (where ``None`` means "no limit")."""
     if value is None and optional:
         return None
@@ -30,12 +35,15 @@ def seconds(name: str, value: object, *, allow_zero: bool, optional: bool = Fals
         raise ValueError(
             f"{name} must be {lower} and at most {MAX_SECONDS:.0f} seconds (a week)"
             + (" or None for no limit" if optional else "") + f", got {value!r}")
+    if value < floor:
+        raise ValueError(f"{name} must be at least {floor} seconds (it is an interval of "
+                         f"repeated work), got {value!r}")
     return float(value)
 
 
-def duration(name: str, value: object, *, allow_zero: bool) -> float:
+def duration(name: str, value: object, *, allow_zero: bool, floor: float = 0.0) -> float:
     """:func:`seconds` for a parameter that cannot be ``None``."""
-    checked = seconds(name, value, allow_zero=allow_zero)
+    checked = seconds(name, value, allow_zero=allow_zero, floor=floor)
     assert checked is not None
     return checked
 

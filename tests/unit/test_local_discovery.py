@@ -346,6 +346,9 @@ async def test_owner_exit_drops_workers_then_successor_appears(namespace):
     ({"teardown_timeout": -1}, ValueError, "teardown_timeout"),
     ({"teardown_timeout": "x"}, TypeError, "teardown_timeout"),
     ({"teardown_timeout": None}, TypeError, "teardown_timeout"),
+    ({"poll_interval": 1e-9}, ValueError, "poll_interval must be at least 0.01"),
+    ({"reap_interval": 1e-9}, ValueError, "reap_interval must be at least 0.01"),
+    ({"capacity": 256, "block_size": 512 << 10}, ValueError, "takes .* bytes .*journal"),
 ])
 def test_bad_construction_names_parameter_and_value(kwargs, error, words):
     with pytest.raises(error, match=words) as info:

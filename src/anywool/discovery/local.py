@@ -76,12 +76,13 @@ class LocalDiscovery(Discovery):
         random namespace.
     :param filter: a predicate on :class:`~anywool.WorkerMetadata` applied to ``subscriber``.
     :param capacity: number of worker slots in the registry, 1 to 65 536.
-    :param block_size: bytes available to one worker's encoded metadata, 1 to 1 MiB.
+    :param block_size: bytes available to one worker's encoded metadata, 1 to 512 KiB; the
+        whole registry (slots, a journal of 256 changes, blocks) is at most 256 MiB.
     :param lock_timeout: seconds a registry lock may be waited for (``None``: forever).
     :param reclaim: sweep a dead owner's namespace on entry instead of refusing it.
-    :param poll_interval: seconds between subscribers' checks that back up the change hint
-        (``None``: 1 s).
-    :param reap_interval: seconds between dead-publisher reaps (> 0).
+    :param poll_interval: seconds (0.01 to a week) between subscribers' checks that back up the
+        change hint (``None``: 1 s).
+    :param reap_interval: seconds (0.01 to a week) between dead-publisher reaps.
     :param teardown_timeout: seconds (≥ 0) the exit may wait for the registry lock to retire
         the namespace politely (``0``: not at all); also the ``teardown_timeout`` of
         :attr:`publisher`. See :meth:`__aexit__`.
@@ -110,17 +111,21 @@ class LocalDiscovery(Discovery):
         self._filter = filter
         self._capacity = _validate.count("capacity", capacity, upper=registry.MAX_CAPACITY)
         self._block_size = _validate.count("block_size", block_size, upper=registry.MAX_BLOCK_SIZE)
-        if capacity * block_size > registry.MAX_REGISTRY_BYTES:
+        size = registry.registry_size(self._capacity, self._block_size)
+        if size > registry.MAX_REGISTRY_BYTES:
             raise ValueError(
-                f"capacity * block_size must be at most {registry.MAX_REGISTRY_BYTES} bytes, "
-                f"got {capacity} * {block_size}"
+                f"a registry of capacity={capacity} and block_size={block_size} takes {size} "
+                f"bytes (slots, journal and blocks); at most {registry.MAX_REGISTRY_BYTES} are "
+                "allowed"
             )
         self._lock_timeout = _validate.seconds("lock_timeout", lock_timeout, allow_zero=True, optional=True)
         if not isinstance(reclaim, bool):
             raise TypeError(f"reclaim must be a bool, got {reclaim!r}")
         self._reclaim = reclaim
-        self._poll_interval = _validate.seconds("poll_interval", poll_interval, allow_zero=False, optional=True)
-        self._reap_interval = _validate.duration("reap_interval", reap_interval, allow_zero=False)
+        self._poll_interval = _validate.seconds("poll_interval", poll_interval, allow_zero=False, optional=True,
+                                                floor=_validate.MIN_INTERVAL)
+        self._reap_interval = _validate.duration("reap_interval", reap_interval, allow_zero=False,
+                                                 floor=_validate.MIN_INTERVAL)
         self._teardown_timeout = _validate.duration("teardown_timeout", teardown_timeout,
                                                     allow_zero=True)
         self._entered = False
@@ -427,8 +432,8 @@ class LocalDiscovery(Discovery):
         claims the namespace.
 
         :param namespace: the namespace to borrow.
-        :param poll_interval: seconds between checks that back up the change hint (``None``:
-            1 s).
+        :param poll_interval: seconds (0.01 to a week) between checks that back up the change
+            hint (``None``: 1 s).
         :raises TypeError: an argument has the wrong type or is not accepted.
         :raises ValueError: ``poll_interval`` is not positive.
 
@@ -449,7 +454,8 @@ class LocalDiscovery(Discovery):
 
         def __init__(self, namespace: str, *, poll_interval: float | None = None) -> None:
             self.namespace = _check_namespace(namespace)
-            self.poll_interval = _validate.seconds("poll_interval", poll_interval, allow_zero=False, optional=True)
+            self.poll_interval = _validate.seconds("poll_interval", poll_interval, allow_zero=False, optional=True,
+                                                floor=_validate.MIN_INTERVAL)
 
         def __aiter__(self) -> AsyncIterator[DiscoveryEvent]:
             interval = hub.DEFAULT_POLL_INTERVAL if self.poll_interval is None \

@@ -60,7 +60,7 @@ __all__ = [
 MAGIC = b"AWNSREG\x01"
 FORMAT_VERSION = 1
 MAX_CAPACITY = 65_536
-MAX_BLOCK_SIZE = 1 << 20
+MAX_BLOCK_SIZE = 512 << 10  # the journal keeps 256 blocks: 1 MiB blocks could never fit the bound
 MAX_REGISTRY_BYTES = 256 << 20
 
 # magic, version, capacity, block_size, owner_pid, generation, digest, change counter, retired
@@ -219,6 +219,11 @@ class Change(NamedTuple):
     kind: str
     uid: UUID
     metadata: WorkerMetadata | None  # None for a drop
+
+
+def registry_size(capacity: int, block_size: int) -> int:
+    """Bytes of a registry file: header, slots, journal and blocks (what the owner allocates)."""
+    return Table(-1, capacity, block_size).size
 
 
 class Table:
