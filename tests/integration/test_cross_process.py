@@ -337,3 +337,30 @@ async def test_a_borrowing_interpreter_that_exits_leaves_the_namespace_to_its_ow
             async with aclosing(aiter(owner.subscriber)) as events:
                 seen = {(await anext(events)).metadata.uid for _ in range(2)}
             assert seen == {first.uid, second.uid}
+
+
+async def test_a_new_iteration_sees_only_the_successors_workers(namespace):
+    with anyio.fail_after(30):
+        child = await start(OWNER_WITH_WORKER, namespace)
+        try:
+            assert (await child.readline()).split()[0] == "owner"
+            async with anyio.create_task_group() as tg:
+                # A 60 s poll keeps this sibling's source on the dead generation for a while.
+                sibling = await follow(tg, LocalDiscovery.Subscriber(namespace, poll_interval=60))
+                dead_uid = (await sibling.receive()).metadata.uid
+                child.kill()
+                await child.wait()
+                async with LocalDiscovery(namespace) as successor, successor.publisher as publisher:
+                    await publisher.publish("worker-added", current := worker())
+                    async with aclosing(aiter(LocalDiscovery.Subscriber(namespace, poll_interval=60))) as events:
+                        first = await anext(events)
+                        await publisher.publish("worker-added", marker := worker())
+                        seen = [(first.type, first.metadata.uid)]
+                        while seen[-1][1] != marker.uid:
+                            event = await anext(events)
+                            seen.append((event.type, event.metadata.uid))
+                    assert dead_uid not in {uid for _, uid in seen}
+                    assert seen == [("worker-added", current.uid), ("worker-added", marker.uid)]
+                tg.cancel_scope.cancel()
+        finally:
+            await stop([child])

@@ -153,6 +153,9 @@ class _Source:
         self.consumers: set[_Consumer] = set()
         self.view: dict[UUID, WorkerMetadata] = {}
         self.binding: registry.Binding | None = binding
+        # The generation the view belongs to (None while orphaned); read by attaching threads,
+        # so written under ``lock``.
+        self.generation: bytes | None = binding.generation
         self.binds = 1
         self.scans = 0
         self.watcher = _Watcher()
@@ -268,6 +271,8 @@ class _Source:
             except DiscoveryNamespaceNotFound:
                 return
             self.binding = binding
+            with self.lock:
+                self.generation = binding.generation
             self.binds += 1
             self.watcher.watch(binding.path / "notify")
             self.scans += 1
@@ -283,6 +288,8 @@ class _Source:
         assert self.binding is not None
         self.binding.close()
         self.binding = None
+        with self.lock:
+            self.generation = None
         self._counter = -1
         # A successor appears by renaming its generation into the runtime directory.
         self.watcher.watch(runtime_dir(create=False), directory=True)
@@ -351,11 +358,18 @@ class _Hub:
         # A new iteration needs a live owner now, even if a sibling's source still follows one
         # that just died (it would only notice at its next check).
         probe: registry.Binding | None = registry.bind(namespace)
+        generation = probe.generation
         fresh: _Source | None = None
         try:
             while True:
                 with self.lock:
                     source = self.sources.get(key)
+                    if source is not None and source.generation != generation:
+                        # It still follows an earlier generation (or none): a new iteration
+                        # sees only the current one, so it gets a source of its own, and the
+                        # stale one serves its consumers until it catches up or they leave.
+                        del self.sources[key]
+                        source = None
                     if source is None and fresh is not None:
                         source, fresh = fresh, None
                         self.sources[key] = source
@@ -386,10 +400,13 @@ class _Hub:
             with source.lock:
                 source.consumers.discard(consumer)
                 last = not source.consumers
-            if last and self.sources.get(source.key) is source:
+            if not last:
+                return None
+            if self.sources.get(source.key) is source:
                 del self.sources[source.key]
-                return source.stop()
-        return None
+            # Also a source the hub replaced (see attach), or one that failed (stopping a
+            # source whose thread ended is a no-op).
+            return source.stop()
 
 
 _hub = _Hub()
