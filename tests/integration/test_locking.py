@@ -10,10 +10,10 @@ import time
 import anyio
 import pytest
 
-from anywool import DiscoveryCapacityExhausted, LocalDiscovery
+from anywool import DiscoveryCapacityExhausted, DiscoveryNamespaceNotFound, LocalDiscovery
 from anywool.discovery import hub, registry
 
-from ..helpers import worker
+from ..helpers import wait_until, worker
 from .children import hold_registry_lock, start, stop
 
 pytestmark = pytest.mark.anyio
@@ -289,3 +289,74 @@ async def test_stopping_a_source_that_waits_for_the_registry_lock_is_prompt(name
                     assert name not in [t.name for t in threading.enumerate()]
                 finally:
                     await stop([holder])
+
+
+async def test_a_binding_is_never_closed_under_a_publish_across_owner_turnover(
+    namespace, tmp_path, monkeypatch
+):
+    # A publish waits for the lock on the first owner's registry; meanwhile that owner goes, a
+    # successor claims, and a second publish rebinds. The first publish's binding must stay
+    # open until it is done: closed, its descriptor numbers would be reused by the files opened
+    # below, and the first publish would then write its registry layout into one of them.
+    waiting = threading.Event()
+    real_lock = registry.lock_with_backoff
+
+    def lock_noting_the_wait(*args, **kwargs):
+        waiting.set()
+        return real_lock(*args, **kwargs)
+
+    monkeypatch.setattr(registry, "lock_with_backoff", lock_noting_the_wait)
+    outcomes: list[object] = []
+    files = []
+    publisher = LocalDiscovery.Publisher(namespace, lock_timeout=None)
+    try:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as owners:
+                ready, leave, gone = anyio.Event(), anyio.Event(), anyio.Event()
+                first: list[LocalDiscovery] = []
+
+                async def first_owner() -> None:
+                    async with LocalDiscovery(namespace, teardown_timeout=0) as owner:
+                        first.append(owner)
+                        ready.set()
+                        await leave.wait()
+                    gone.set()
+
+                owners.start_soon(first_owner)
+                await ready.wait()
+                async with publisher, anyio.create_task_group() as tg:
+                    holder = await hold_registry_lock(first[0])
+                    try:
+                        async def blocked_publish() -> None:
+                            try:
+                                await publisher.publish("worker-added", worker())
+                                outcomes.append("published")
+                            except Exception as exc:
+                                outcomes.append(exc)
+
+                        tg.start_soon(blocked_publish)
+                        await wait_until(waiting.is_set, "the publish to wait for the lock")
+                        leave.set()
+                        await gone.wait()  # the first owner retired without the lock
+                        async with LocalDiscovery(namespace) as successor:
+                            await publisher.publish("worker-added", second := worker())
+                            for index in range(8):
+                                files.append(open(tmp_path / f"user-{index}", "w+b"))
+                            await stop([holder])  # the first publish now gets its lock
+                            await wait_until(lambda: bool(outcomes), "the first publish to end")
+                            binding = registry.bind(namespace)
+                            try:
+                                workers = binding.snapshot(lock_timeout=1)[1]
+                            finally:
+                                binding.close()
+                            assert set(workers) == {second.uid}
+                            assert successor.claimed
+                    finally:
+                        await stop([holder])
+        assert outcomes == ["published"] or isinstance(outcomes[0], DiscoveryNamespaceNotFound)
+        for file in files:
+            file.seek(0)
+            assert file.read() == b"", f"{file.name} was written to"
+    finally:
+        for file in files:
+            file.close()

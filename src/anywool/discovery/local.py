@@ -286,9 +286,10 @@ class LocalDiscovery(Discovery):
             self.teardown_timeout = _validate.duration("teardown_timeout", teardown_timeout,
                                                        allow_zero=True)
             self._entered = False
-            self._binding: registry.Binding | None = None
-            self._lease: registry.Lease | None = None
-            self._binding_lock = threading.Lock()  # concurrent publishes share one binding
+            self._held: _Held | None = None
+            # Concurrent publishes share one binding; held only across bookkeeping and file
+            # calls that never wait on another process.
+            self._binding_lock = threading.Lock()
             self._withdrawn = False
 
         async def __aenter__(self) -> LocalDiscovery.Publisher:
@@ -300,7 +301,7 @@ class LocalDiscovery(Discovery):
             if self._entered:
                 raise RuntimeError("a LocalDiscovery.Publisher is single-use; create a new one")
             self._entered = True
-            await anyio.to_thread.run_sync(self._bind)
+            await anyio.to_thread.run_sync(self._bind_first)
             return self
 
         async def __aexit__(self, *exc_info: object) -> None:
@@ -362,62 +363,89 @@ class LocalDiscovery(Discovery):
 
         _released = False
 
-        def _bind(self) -> None:
+        def _bind(self) -> _Held:
             binding = registry.bind(self.namespace)
             try:
                 lease = binding.open_lease()
             except BaseException:
                 binding.close()
                 raise
-            self._binding, self._lease = binding, lease
+            return _Held(binding, lease)
+
+        def _bind_first(self) -> None:
+            self._held = self._bind()
+
+        def _acquire(self, *, rebind: bool) -> _Held | None:
+            """The current binding, counted as in use until :meth:`_done`. With ``rebind``, a
+            binding whose owner is gone is replaced by one to a successor (or
+            :class:`~anywool.errors.DiscoveryNamespaceNotFound`). Never waits on another
+            process."""
+            with self._binding_lock:
+                held = self._held
+                if rebind and (held is None or not held.binding.is_live()):
+                    self._drop(held)
+                    try:
+                        held = self._held = self._bind()
+                    except DiscoveryNamespaceNotFound:
+                        raise DiscoveryNamespaceNotFound(self.namespace) from None
+                if held is not None:
+                    held.users += 1
+                return held
+
+        def _done(self, held: _Held) -> None:
+            with self._binding_lock:
+                held.users -= 1
+                if held.dropped and not held.users:
+                    held.close()
+
+        def _drop(self, held: _Held | None) -> None:
+            """Stop handing out ``held``; it closes once its last user is done (lock held)."""
+            if held is None:
+                return
+            if self._held is held:
+                self._held = None
+            held.dropped = True
+            if not held.users:
+                held.close()
 
         def _publish(self, type: str, metadata: WorkerMetadata) -> None:
-            # Held only across file-system calls that never wait on another process.
-            with self._binding_lock:
-                if self._binding is None or not self._binding.is_live():
-                    self._rebind()
-                binding, lease = self._binding, self._lease
-            assert binding is not None and lease is not None
-            binding.publish(type, metadata, lease.id, lock_timeout=self.lock_timeout,
-                            checkpoint=anyio.from_thread.check_cancelled)
-
-        def _rebind(self) -> None:
-            self._drop_binding()
+            held = self._acquire(rebind=True)
+            assert held is not None
             try:
-                self._bind()
-            except DiscoveryNamespaceNotFound:
-                raise DiscoveryNamespaceNotFound(self.namespace) from None
-
-        def _drop_binding(self) -> None:
-            if self._lease is not None:
-                self._lease.release()
-                self._lease = None
-            if self._binding is not None:
-                self._binding.close()
-                self._binding = None
+                held.binding.publish(type, metadata, held.lease.id, lock_timeout=self.lock_timeout,
+                                     checkpoint=anyio.from_thread.check_cancelled)
+            finally:
+                self._done(held)
 
         def _withdraw(self) -> None:
             """The graceful part of the exit: withdraw under the lock, cancellably."""
-            binding, lease = self._binding, self._lease
-            if binding is not None and lease is not None and binding.is_live():
-                binding.withdraw(lease.id, lock_timeout=self.lock_timeout,
-                                 checkpoint=anyio.from_thread.check_cancelled)
+            held = self._acquire(rebind=False)
+            if held is not None:
+                try:
+                    if held.binding.is_live():
+                        held.binding.withdraw(held.lease.id, lock_timeout=self.lock_timeout,
+                                              checkpoint=anyio.from_thread.check_cancelled)
+                finally:
+                    self._done(held)
             self._withdrawn = True
 
         def _release(self) -> None:
             """The forceful part of the exit; idempotent, never waits on another process."""
+            held = self._acquire(rebind=False)
+            if held is None:
+                return
             try:
-                binding, lease = self._binding, self._lease
-                if not self._withdrawn and binding is not None and lease is not None \
-                        and binding.is_live():
+                if not self._withdrawn and held.binding.is_live():
                     try:
-                        binding.withdraw(lease.id, lock_timeout=0)
+                        held.binding.withdraw(held.lease.id, lock_timeout=0)
                     except TimeoutError:
                         log.debug("workers of a publisher of %r left to the owner's reaper",
                                   self.namespace)
                 self._withdrawn = True
             finally:
-                self._drop_binding()
+                with self._binding_lock:
+                    self._drop(held)
+                self._done(held)
 
         def __repr__(self) -> str:
             return f"LocalDiscovery.Publisher({self.namespace!r})"
@@ -476,6 +504,28 @@ class LocalDiscovery(Discovery):
         def __repr__(self) -> str:
             return (f"LocalDiscovery.Subscriber({self.namespace!r}, "
                     f"poll_interval={self.poll_interval!r})")
+
+
+class _Held:
+    """A publisher's binding and lease, and how many threads are using them.
+
+    A binding is replaced when its owner goes (a successor appears) and released when the
+    publisher exits, possibly while other threads still publish through it: it is closed only
+    once it was dropped *and* its last user is done, so no write ever goes through a closed
+    descriptor, whose number another file may already have taken.
+    """
+
+    def __init__(self, binding: registry.Binding, lease: registry.Lease) -> None:
+        self.binding = binding
+        self.lease = lease
+        self.users = 0
+        self.dropped = False
+
+    def close(self) -> None:
+        try:
+            self.lease.release()
+        finally:
+            self.binding.close()
 
 
 def _make_subscriber(namespace: str, poll_interval: float | None) -> DiscoverySubscriberLike:
