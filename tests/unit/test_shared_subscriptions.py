@@ -8,6 +8,7 @@ import os
 import pickle
 import select
 import threading
+import uuid
 
 import anyio
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from anywool import DiscoveryNamespaceNotFound, LocalDiscovery, afilter
 from anywool.discovery import hub, registry
 
-from ..helpers import follow, take, worker
+from ..helpers import follow, take, wait_until, worker
 
 pytestmark = pytest.mark.anyio
 
@@ -369,3 +370,27 @@ async def test_a_source_that_dies_fails_its_iterations_and_never_writes_to_a_clo
         for file in files:
             file.close()
     assert "the discovery source for" in caplog.text
+
+
+def _source_threads_and_descriptors() -> tuple[int, int]:
+    threads = sum(t.name.startswith("anywool-source-") for t in threading.enumerate())
+    return threads, len(os.listdir("/proc/self/fd"))
+
+
+async def test_iterations_left_with_a_plain_break_release_everything_without_a_gc_pass():
+    # No aclosing, no garbage collection: dropping the iteration must be enough.
+    gc.disable()
+    try:
+        with anyio.fail_after(60):
+            baseline = _source_threads_and_descriptors()
+            for _ in range(100):
+                namespace = f"break-{uuid.uuid4().hex}"
+                async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+                    await publisher.publish("worker-added", worker())
+                    async for _event in LocalDiscovery.Subscriber(namespace):
+                        break
+                    assert sources(namespace) == {}  # detached at the break, not later
+            await wait_until(lambda: _source_threads_and_descriptors() == baseline,
+                             "threads and descriptors back to the baseline", timeout=2)
+    finally:
+        gc.enable()

@@ -20,7 +20,7 @@ import select
 import sys
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from uuid import UUID
 
 import anyio
@@ -166,6 +166,9 @@ class _Source:
         # Set (under ``lock``) when the thread ended for any other reason than a stop: every
         # consumer's iteration then raises it instead of waiting for events that never come.
         self.failure: BaseException | None = None
+        # Set when the hub no longer lists this source (its last consumer left, or a newer
+        # generation's source replaced it).
+        self.unlisted = False
         self._counter = -1
         self.thread = threading.Thread(
             target=self._run, name=f"anywool-source-{key[0]}", daemon=True)
@@ -190,11 +193,19 @@ class _Source:
                     os.close(fd)
             self.stop_r = self.stop_w = -1
 
-    def stop(self) -> threading.Thread:
-        """Ask the thread to end (a no-op once it has: its stop pipe is closed)."""
-        with self.lock:
-            if self.stop_w >= 0:
-                os.write(self.stop_w, b"\0")
+    def stop(self, *, blocking: bool = True) -> threading.Thread:
+        """Ask the thread to end (a no-op once it has: its stop pipe is closed).
+
+        With ``blocking`` false (from a finalizer) a busy lock is not waited for: the thread is
+        delivering or closing at that instant, and a thread whose source left the hub and has
+        no consumer ends by itself at its next wake-up anyway (see :meth:`_serve`).
+        """
+        if self.lock.acquire(blocking):
+            try:
+                if self.stop_w >= 0:
+                    os.write(self.stop_w, b"\0")
+            finally:
+                self.lock.release()
         return self.thread
 
     # -- the thread --
@@ -212,6 +223,7 @@ class _Source:
         """Leave the hub (the next iteration starts a fresh source) and wake every consumer,
         whose iteration raises."""
         with _hub.lock:
+            self.unlisted = True
             if _hub.sources.get(self.key) is self:
                 del _hub.sources[self.key]
             with self.lock:
@@ -231,6 +243,9 @@ class _Source:
                 return
             if ready:
                 self.watcher.drain()
+            with self.lock:
+                if self.unlisted and not self.consumers:
+                    return  # a stop request that could not be delivered (see stop)
             try:
                 self._refresh(probe=not ready, checkpoint=self._check_stop)
             except _Stopped:
@@ -340,6 +355,8 @@ class _Hub:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.sources: dict[tuple[str, float], _Source] = {}
+        # Detaches a finalizer could not do without waiting for a lock (see detach).
+        self.deferred: list[tuple[_Source, _Consumer]] = []
 
     def attach(self, namespace: str, poll_interval: float, consumer: _Consumer,
                checkpoint: Callable[[], None]) -> _Source:
@@ -354,6 +371,7 @@ class _Hub:
         :raises DiscoveryNamespaceNotFound: no live owner holds the namespace right now.
         :raises TimeoutError: the registry stayed locked by a writer for 30 s.
         """
+        self.drain_deferred()
         key = (registry.namespace_key(namespace), poll_interval)
         # A new iteration needs a live owner now, even if a sibling's source still follows one
         # that just died (it would only notice at its next check).
@@ -369,6 +387,7 @@ class _Hub:
                         # sees only the current one, so it gets a source of its own, and the
                         # stale one serves its consumers until it catches up or they leave.
                         del self.sources[key]
+                        source.unlisted = True
                         source = None
                     if source is None and fresh is not None:
                         source, fresh = fresh, None
@@ -394,19 +413,48 @@ class _Hub:
             if fresh is not None:
                 fresh.close()
 
-    def detach(self, source: _Source, consumer: _Consumer) -> threading.Thread | None:
-        """Leave the source; returns its thread (to join) when this was the last consumer."""
+    def drain_deferred(self) -> None:
+        """Do the detaches finalizers had to leave (see :meth:`detach`)."""
         with self.lock:
-            with source.lock:
+            pending, self.deferred = self.deferred, []
+        for source, consumer in pending:
+            thread = self.detach(source, consumer)
+            del thread  # not joined: it ends by itself, promptly, once told
+
+    def detach(self, source: _Source, consumer: _Consumer, *,
+               blocking: bool = True) -> threading.Thread | None:
+        """Leave the source; returns its thread (to join) when this was the last consumer.
+
+        With ``blocking`` false (from a finalizer, which may run in any thread at any point, with
+        any lock held), a lock that is busy defers the detach to the next attach or detach
+        instead of waiting for it, so a finalizer can never deadlock; the consumer's files are
+        closed once it is detached.
+        """
+        if not self.lock.acquire(blocking):
+            self.deferred.append((source, consumer))
+            return None
+        try:
+            if not source.lock.acquire(blocking):
+                self.deferred.append((source, consumer))
+                return None
+            try:
                 source.consumers.discard(consumer)
                 last = not source.consumers
-            if not last:
-                return None
-            if self.sources.get(source.key) is source:
-                del self.sources[source.key]
-            # Also a source the hub replaced (see attach), or one that failed (stopping a
-            # source whose thread ended is a no-op).
-            return source.stop()
+            finally:
+                source.lock.release()
+            if last:
+                source.unlisted = True
+                if self.sources.get(source.key) is source:
+                    del self.sources[source.key]
+            pending, self.deferred = self.deferred, []
+        finally:
+            self.lock.release()
+        consumer.close()
+        for other_source, other in pending:
+            self.detach(other_source, other, blocking=blocking)
+        # Also a source the hub replaced (see attach), or one that failed (stopping a source
+        # whose thread ended is a no-op).
+        return source.stop(blocking=blocking) if last else None
 
 
 _hub = _Hub()
@@ -418,11 +466,37 @@ def stats() -> dict[tuple[str, float], tuple[int, int, int]]:
         return {k: (s.binds, s.scans, len(s.consumers)) for k, s in _hub.sources.items()}
 
 
-async def iterate(namespace: str, poll_interval: float) -> AsyncIterator[DiscoveryEvent]:
-    """Yield the namespace's current workers as ``worker-added``, then every change.
+def iterate(namespace: str, poll_interval: float) -> AsyncIterator[DiscoveryEvent]:
+    """An iteration of the namespace: its current workers as ``worker-added``, then every
+    change (see :class:`_Iteration`).
 
-    :raises DiscoveryNamespaceNotFound: no live owner holds the namespace when iteration starts.
+    :raises DiscoveryNamespaceNotFound: (from the first step) no live owner holds the namespace
+        when iteration starts.
     """
+    return _Iteration(namespace, poll_interval)
+
+
+class _Attachment:
+    """What one iteration holds of the hub: its source and consumer, detached once."""
+
+    __slots__ = ("consumer", "detached", "source")
+
+    def __init__(self) -> None:
+        self.source: _Source | None = None
+        self.consumer: _Consumer | None = None
+        self.detached = False
+
+    def detach(self, *, blocking: bool) -> threading.Thread | None:
+        if self.detached or self.source is None or self.consumer is None:
+            return None
+        self.detached = True
+        return _hub.detach(self.source, self.consumer, blocking=blocking)
+
+
+async def _follow(namespace: str, poll_interval: float,
+                  attachment: _Attachment) -> AsyncGenerator[list[DiscoveryEvent], None]:
+    """The batches of one iteration. It never refers to its :class:`_Iteration` (no cycle: the
+    iteration is freed, and detached, as soon as the caller drops it)."""
     consumer = _Consumer()
     try:
         source = await anyio.to_thread.run_sync(
@@ -430,17 +504,59 @@ async def iterate(namespace: str, poll_interval: float) -> AsyncIterator[Discove
     except BaseException:
         consumer.close()
         raise
+    attachment.source, attachment.consumer = source, consumer
     try:
         while True:
-            events = await _receive(source, consumer)
-            for event in events:
-                yield event
+            yield await _receive(source, consumer)
     finally:
-        thread = _hub.detach(source, consumer)
-        consumer.close()
+        thread = attachment.detach(blocking=True)
         if thread is not None:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(thread.join, _JOIN_TIMEOUT)
+
+
+class _Iteration:
+    """One ``async for`` over a shared subscription.
+
+    The events come from an inner async generator, so that an event loop that ends finalizes
+    it (and detaches the consumer) as it does any async generator; but the object handed out is
+    a plain async iterator, so that dropping it (a plain ``break``) detaches at once, from
+    ``__del__``, without waiting for the loop to finalize the generator or for a garbage
+    collection pass. ``aclose()`` detaches and also joins the source's thread when it was the
+    last consumer.
+    """
+
+    def __init__(self, namespace: str, poll_interval: float) -> None:
+        self._attachment = _Attachment()
+        self._pending: deque[DiscoveryEvent] = deque()
+        self._batches = _follow(namespace, poll_interval, self._attachment)
+
+    def __aiter__(self) -> _Iteration:
+        return self
+
+    async def __anext__(self) -> DiscoveryEvent:
+        while not self._pending:
+            self._pending.extend(await self._batches.__anext__())
+        return self._pending.popleft()
+
+    async def aclose(self) -> None:
+        """End the iteration: detach, and join the source's thread if it was the last."""
+        await self._batches.aclose()
+
+    def __del__(self) -> None:
+        try:
+            self._attachment.detach(blocking=False)
+            # Close the generator now: with nothing left to detach its ``finally`` does not
+            # await, so one step ends it, and the loop has no generator left to finalize.
+            closing = self._batches.aclose()
+            try:
+                closing.send(None)
+            except StopIteration:
+                pass
+            else:
+                closing.close()
+        except Exception:  # e.g. at interpreter shutdown; never raise from a finalizer
+            pass
 
 
 async def _receive(source: _Source, consumer: _Consumer) -> list[DiscoveryEvent]:

@@ -469,8 +469,9 @@ class LocalDiscovery(Discovery):
         owner holds the namespace as the iteration starts (nothing is created), and
         ``TimeoutError`` if a publisher kept the registry locked for 30 s while the iteration
         started (cancelling the iteration ends that wait at once). Closing or cancelling an
-        iteration affects no other; the source stops with the last one (use
-        ``contextlib.aclosing`` to end an iteration you leave early right away).
+        iteration affects no other; the source stops with the last one. An iteration left with
+        a plain ``break`` is released as soon as nothing refers to it (no garbage collection
+        pass needed); ``aclose()`` also waits for the source's thread to end.
         """
 
         if TYPE_CHECKING:
