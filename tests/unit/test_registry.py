@@ -391,3 +391,64 @@ def test_withdraw_lock_wait_is_interruptible_and_changes_nothing():
         lease.release()
         binding.close()
         claim.release()
+
+
+def test_a_refresh_whose_writer_died_between_block_and_slot_reads_as_rolled_forward(monkeypatch):
+    claim = registry.claim("torn-refresh", capacity=4, block_size=256)
+    binding = registry.bind("torn-refresh")
+    lease = binding.open_lease()
+    try:
+        a = worker(extra={"size": "small"})
+        binding.publish("worker-added", a, lease.id, lock_timeout=1)
+        counter, _ = binding.snapshot()
+        refreshed = worker(uid=a.uid, extra={"size": "a good deal larger than before" * 3})
+        real_pwrite = registry.os.pwrite
+        writes: list[int] = []
+
+        def die_after_the_block(fd, data, offset):  # the writer dies between block and slot
+            if offset >= binding.table.blocks_offset:
+                real_pwrite(fd, data, offset)
+                writes.append(offset)
+                raise SystemExit("killed")
+            return real_pwrite(fd, data, offset)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(registry.os, "pwrite", die_after_the_block)
+            with pytest.raises(SystemExit):
+                binding.publish("worker-added", refreshed, lease.id, lock_timeout=1)
+        assert writes  # the block was written, the slot was not
+        fresh = registry.bind("torn-refresh")
+        try:
+            seen_counter, view = fresh.snapshot()
+            assert seen_counter == counter
+            assert list(view) == [a.uid] and view[a.uid].same_as(refreshed)
+            assert fresh.unreadable_blocks == 0
+        finally:
+            fresh.close()
+        assert claim.reap() == []  # the owner rolls it forward
+        assert binding.snapshot() == (counter + 1, {a.uid: refreshed})
+    finally:
+        lease.release()
+        binding.close()
+        claim.release()
+
+
+def test_a_corrupt_block_is_counted_logged_once_and_never_yielded(caplog):
+    claim = registry.claim("corrupt-block", capacity=4, block_size=256)
+    binding = registry.bind("corrupt-block")
+    lease = binding.open_lease()
+    try:
+        good, bad = worker(), worker()
+        binding.publish("worker-added", good, lease.id, lock_timeout=1)
+        binding.publish("worker-added", bad, lease.id, lock_timeout=1)
+        table = binding.table
+        os.pwrite(binding.registry_fd, b"\xc1" * 16, table.blocks_offset + 1 * table.block_size)
+        for _ in range(3):
+            _, view = binding.snapshot()
+            assert list(view) == [good.uid]
+        assert binding.unreadable_blocks == 3
+        assert caplog.text.count("could not be decoded") == 1
+    finally:
+        lease.release()
+        binding.close()
+        claim.release()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import errno
 import fcntl
+import logging
 import hashlib
 import os
 import secrets
@@ -56,6 +57,8 @@ __all__ = [
     "namespace_key",
     "namespace_path",
 ]
+
+log = logging.getLogger(__name__)
 
 MAGIC = b"AWNSREG\x01"
 FORMAT_VERSION = 1
@@ -240,6 +243,8 @@ class Table:
         self.entry_size = _align(_ENTRY.size + block_size, 8)
         self.blocks_offset = _align(self.journal_offset + JOURNAL_LENGTH * self.entry_size, 64)
         self.size = self.blocks_offset + capacity * block_size
+        # Blocks the last snapshot could not decode (torn or corrupt), never yielded as workers.
+        self.unreadable = 0
 
     def counter(self) -> tuple[int, bool]:
         return _read_counter(self.fd)
@@ -288,18 +293,54 @@ class Table:
         os.pwrite(self.fd, slot, _HEADER_SPACE + index * _SLOT.size)
 
     def snapshot(self) -> tuple[int, dict[UUID, WorkerMetadata]]:
-        """(change counter, every registered worker in slot order)."""
+        """(change counter, every registered worker in slot order).
+
+        A change a writer journalled and then died before finishing (only a dead writer's can
+        be seen here: a live one holds ``LOCK_EX``) is read as if rolled forward, as the next
+        writer will roll it: a refresh killed between its block and its slot writes neither
+        hides the worker nor shows a torn block. Blocks that still do not decode are counted
+        in :attr:`unreadable` and never yielded.
+        """
         counter, _ = self.counter()
+        pending = self._pending(counter)
         view: dict[UUID, WorkerMetadata] = {}
+        unreadable = 0
         for index, (_uid, _seq, _lease, length) in enumerate(self.slots()):
-            if length:
-                data = os.pread(self.fd, length, self.blocks_offset + index * self.block_size)
-                try:
-                    metadata = WorkerMetadata.from_bytes(data)
-                except ValueError:
-                    continue  # an unreadable block is an empty slot to a reader
-                view[metadata.uid] = metadata
+            if not length or (pending is not None and pending[0] == index):
+                continue
+            data = os.pread(self.fd, length, self.blocks_offset + index * self.block_size)
+            try:
+                metadata = WorkerMetadata.from_bytes(data)
+            except ValueError:
+                unreadable += 1
+                continue
+            view[metadata.uid] = metadata
+        if pending is not None:
+            _index, change = pending
+            if change.metadata is None:
+                view.pop(change.uid, None)
+            else:
+                view[change.uid] = change.metadata
+        self.unreadable = unreadable
         return counter, view
+
+    def _pending(self, counter: int) -> tuple[int, Change] | None:
+        """(slot index, change) of a journalled change after ``counter`` that its writer did
+        not finish, or ``None``."""
+        offset = self._entry_offset(counter + 1)
+        recorded, kind, index, length, uid, _lease = _ENTRY.unpack(
+            os.pread(self.fd, _ENTRY.size, offset))
+        if recorded != counter + 1 or index >= self.capacity or length > self.block_size \
+                or kind >= len(_KINDS):
+            return None
+        metadata = None
+        if _KINDS[kind] != "worker-dropped":
+            try:
+                metadata = WorkerMetadata.from_bytes(os.pread(self.fd, length,
+                                                              offset + _ENTRY.size))
+            except ValueError:
+                return None
+        return index, Change(_KINDS[kind], UUID(bytes=uid), metadata)
 
     def changes_since(self, since: int) -> tuple[int, list[Change]] | None:
         """The changes after counter ``since``, oldest first, with the current counter.
@@ -378,6 +419,9 @@ class _Open:
         self.header = header
         self.table = Table(registry_fd, header.capacity, header.block_size)
         self.guard = threading.Lock()  # the threads sharing registry_fd
+        # Blocks snapshots left out because they did not decode (see Binding.snapshot).
+        self.unreadable_blocks = 0
+        self._reported_unreadable = False
 
     @property
     def capacity(self) -> int:
@@ -743,9 +787,21 @@ class Binding(_Open):
     def snapshot(self, lock_timeout: float | None = 30.0,
                  checkpoint: Callable[[], None] | None = None,
                  ) -> tuple[int, dict[UUID, WorkerMetadata]]:
-        """(change counter, every registered worker), read consistently under ``LOCK_SH``."""
+        """(change counter, every registered worker), read consistently under ``LOCK_SH``.
+
+        Blocks that cannot be decoded are left out and counted in :attr:`unreadable_blocks`;
+        the first time one is seen it is logged.
+        """
         with _locked(self.registry_fd, self.guard, fcntl.LOCK_SH, lock_timeout, self.namespace, checkpoint):
-            return self.table.snapshot()
+            result = self.table.snapshot()
+        if self.table.unreadable:
+            self.unreadable_blocks += self.table.unreadable
+            if not self._reported_unreadable:
+                self._reported_unreadable = True
+                log.warning("discovery namespace %r: %d registry block(s) could not be decoded "
+                            "(torn or corrupt) and were left out", self.namespace,
+                            self.table.unreadable)
+        return result
 
     def changes_since(self, since: int, lock_timeout: float | None = 30.0,
                       checkpoint: Callable[[], None] | None = None,
