@@ -16,6 +16,7 @@ __all__ = [
     "DiscoveryError",
     "DiscoveryNamespaceInUse",
     "DiscoveryNamespaceNotFound",
+    "DiscoveryRegistryCorrupt",
     "DiscoveryWorkerNotFound",
     "NoWorkersAvailable",
     "PayloadTooLarge",
@@ -74,6 +75,29 @@ class DiscoveryNamespaceNotFound(DiscoveryError):
         return (
             f"discovery namespace {self.namespace!r} has no live owner; "
             "enter LocalDiscovery(namespace) somewhere to create it"
+        )
+
+
+class DiscoveryRegistryCorrupt(DiscoveryError):
+    """A namespace's registry cannot be read or written as the format says (it was truncated,
+    overwritten, or its change counter ran out), while its owner is alive.
+
+    :param namespace: the namespace.
+    :param path: the registry file.
+    :param reason: what is wrong with it, in words.
+    """
+
+    def __init__(self, namespace: str, path: str, reason: str) -> None:
+        super().__init__(namespace, path, reason)
+        self.namespace = namespace
+        self.path = path
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return (
+            f"discovery namespace {self.namespace!r} has a live owner, but its registry "
+            f"{self.path} is unusable ({self.reason}); the owner must exit (and claim again) to "
+            "recreate it"
         )
 
 

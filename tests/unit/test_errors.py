@@ -11,6 +11,7 @@ from anywool.errors import (
     DiscoveryCapacityExhausted,
     DiscoveryNamespaceInUse,
     DiscoveryNamespaceNotFound,
+    DiscoveryRegistryCorrupt,
     DiscoveryWorkerNotFound,
     NoWorkersAvailable,
 )
@@ -19,6 +20,8 @@ CASES = [
     (DiscoveryNamespaceInUse, ("jobs", "/dev/shm/anywool-0/ns-abc", 4242), ("namespace", "path", "owner_pid")),
     (DiscoveryNamespaceInUse, ("jobs", "/x/ns-abc", None), ("namespace", "path", "owner_pid")),
     (DiscoveryNamespaceNotFound, ("jobs",), ("namespace",)),
+    (DiscoveryRegistryCorrupt, ("jobs", "/x/ns-abc/registry", "truncated"),
+     ("namespace", "path", "reason")),
     (DiscoveryCapacityExhausted, (128,), ("capacity",)),
     (DiscoveryBlockExhausted, (1025,), ("size",)),
     (DiscoveryWorkerNotFound, (uuid.UUID(int=7),), ("uid",)),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 from pathlib import Path
@@ -11,6 +12,7 @@ import cloudpickle
 import pytest
 
 from anywool import (
+    DiscoveryRegistryCorrupt,
     DiscoveryBlockExhausted,
     DiscoveryCapacityExhausted,
     DiscoveryNamespaceInUse,
@@ -22,7 +24,7 @@ from anywool import (
 )
 from anywool.discovery import hub, registry
 
-from ..helpers import follow, take, worker
+from ..helpers import follow, take, wait_until, worker
 
 pytestmark = pytest.mark.anyio
 
@@ -395,3 +397,31 @@ async def test_concurrent_publishes_on_one_publisher_lose_nothing(namespace):
                 got = await take(events, len(workers))
                 assert sorted(got) == sorted(("worker-added", m.uid) for m in workers)
                 tg.cancel_scope.cancel()
+
+
+async def test_a_registry_damaged_under_its_subscribers_is_logged_once(namespace, caplog):
+    caplog.set_level(logging.DEBUG, logger="anywool.discovery")
+    with anyio.fail_after(20):
+        async with LocalDiscovery(namespace, poll_interval=0.02, reap_interval=0.02) as owner, \
+                anyio.create_task_group() as tg:
+            events = await follow(tg, owner.subscriber)
+            async with owner.publisher as publisher:
+                await publisher.publish("worker-added", worker())
+                assert (await events.receive()).type == "worker-added"
+            assert owner.path is not None
+            os.truncate(os.path.join(owner.path, "registry"), 50)  # the counter too
+            await wait_until(lambda: caplog.text.count("still failing") >= 3,
+                             "several failed refreshes")
+            warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+            refresh = [r for r in warnings if "failed to refresh" in r.getMessage()]
+            assert len(refresh) == 1
+            assert isinstance(refresh[0].exc_info[1], DiscoveryRegistryCorrupt)
+            assert len([r for r in warnings if "reaping" in r.getMessage()]) <= 1
+            # The owner is still the owner, and borrowers are told the truth about it.
+            with pytest.raises(DiscoveryNamespaceInUse):
+                async with LocalDiscovery(namespace):
+                    pass
+            with pytest.raises(DiscoveryRegistryCorrupt):
+                async with LocalDiscovery.Publisher(namespace):
+                    pass
+            tg.cancel_scope.cancel()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from anywool import DiscoveryNamespaceInUse, DiscoveryNamespaceNotFound
+from anywool import DiscoveryNamespaceInUse, DiscoveryNamespaceNotFound, DiscoveryRegistryCorrupt
 from anywool.discovery import registry
 
 from ..helpers import worker
@@ -231,22 +231,59 @@ def test_borrowers_never_create_the_runtime_dir(tmp_path, monkeypatch):
     assert not missing.exists()
 
 
+def _damage(path: Path, damage: str) -> None:
+    if damage == "truncate":
+        os.truncate(path, 200)
+    elif damage == "huge-capacity":
+        with open(path, "r+b") as file:  # capacity is the u32 after magic and version
+            file.seek(12)
+            file.write((2**31).to_bytes(4, "little"))
+    else:  # the change counter at its maximum (it sits after the header's fixed fields)
+        with open(path, "r+b") as file:
+            file.seek(registry._COUNTER_OFFSET)
+            file.write((2**64 - 1).to_bytes(8, "little"))
+
+
 @pytest.mark.parametrize("damage", ["truncate", "huge-capacity"])
-def test_a_corrupt_registry_reads_as_not_found(damage, runtime_dir: Path):
+def test_a_corrupt_registry_of_a_live_owner_is_reported_as_such(damage, runtime_dir: Path):
     claim = registry.claim("corrupt", capacity=4, block_size=256)
     try:
-        path = claim.path / "registry"
-        if damage == "truncate":
-            os.truncate(path, 200)
-        else:
-            with open(path, "r+b") as file:  # capacity is the u32 after magic and version
-                file.seek(12)
-                file.write((2**31).to_bytes(4, "little"))
-        with pytest.raises(DiscoveryNamespaceNotFound):
+        _damage(claim.path / "registry", damage)
+        with pytest.raises(DiscoveryRegistryCorrupt) as info:
             registry.bind("corrupt")
+        assert info.value.namespace == "corrupt"
+        assert info.value.path == str(claim.path / "registry")
     finally:
         claim.release()
     assert os.listdir(runtime_dir) == []  # the owner's exit removes it all the same
+
+
+@pytest.mark.parametrize("damage", ["truncate", "counter-exhausted"])
+def test_a_registry_damaged_under_a_binding_raises_typed_errors(damage, runtime_dir: Path):
+    claim = registry.claim("damaged", capacity=4, block_size=256)
+    binding = registry.bind("damaged")
+    lease = binding.open_lease()
+    try:
+        _damage(claim.path / "registry", damage)
+        with pytest.raises(DiscoveryRegistryCorrupt, match="live owner"):
+            binding.publish("worker-added", worker(), lease.id, lock_timeout=1)
+        if damage == "truncate":
+            with pytest.raises(DiscoveryRegistryCorrupt):
+                binding.snapshot(lock_timeout=1)
+    finally:
+        lease.release()
+        binding.close()
+        claim.release()
+
+
+def test_a_corrupt_registry_of_a_dead_owner_reads_as_not_found(runtime_dir: Path):
+    claim = registry.claim("dead-corrupt", capacity=4, block_size=256)
+    path = claim.path
+    _damage(path / "registry", "truncate")
+    claim.close()  # the owner "dies": its lock goes, its files stay
+    with pytest.raises(DiscoveryNamespaceNotFound):
+        registry.bind("dead-corrupt")
+    registry.claim("dead-corrupt", capacity=4, block_size=256).release()  # and is reclaimable
 
 
 @pytest.mark.parametrize("obstacle", ["symlink", "file"])

@@ -237,6 +237,7 @@ class _Source:
         hint_fd = self.watcher.fileno()
         if hint_fd is not None:
             poller.register(hint_fd, select.POLLIN)
+        last_failure: str | None = None
         while True:
             ready = poller.poll(self.poll_interval * 1000)
             if any(fd == self.stop_r for fd, _ in ready):
@@ -250,8 +251,16 @@ class _Source:
                 self._refresh(probe=not ready, checkpoint=self._check_stop)
             except _Stopped:
                 return
-            except Exception:  # a wedged writer or an I/O error: retry next round
-                log.exception("discovery source for %r failed to refresh", self.namespace)
+            except Exception as exc:  # a wedged writer, a damaged registry: retry next round
+                # Logged once per kind of failure, not on every poll.
+                if repr(exc) != last_failure:
+                    last_failure = repr(exc)
+                    log.warning("discovery source for %r failed to refresh (retrying every "
+                                "%s s)", self.namespace, self.poll_interval, exc_info=True)
+                else:
+                    log.debug("discovery source for %r still failing: %r", self.namespace, exc)
+            else:
+                last_failure = None
 
     def _check_stop(self) -> None:
         # Called between attempts to take the registry lock: stopping never waits on a writer.

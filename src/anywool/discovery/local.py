@@ -242,12 +242,18 @@ class LocalDiscovery(Discovery):
         claim.retire(self._lock_timeout, anyio.from_thread.check_cancelled)
 
     async def _reap_forever(self, claim: registry.Claim) -> None:
+        last_failure: str | None = None
         while True:
             await anyio.sleep(self._reap_interval)
             try:
                 await anyio.to_thread.run_sync(self._reap, claim)
-            except Exception:
-                log.exception("reaping dead publishers of %r failed", self._namespace)
+            except Exception as exc:  # logged once per kind of failure, not every round
+                if repr(exc) != last_failure:
+                    last_failure = repr(exc)
+                    log.warning("reaping dead publishers of %r failed (retrying every %s s)",
+                                self._namespace, self._reap_interval, exc_info=True)
+            else:
+                last_failure = None
 
     @staticmethod
     def _reap(claim: registry.Claim) -> None:

@@ -30,7 +30,8 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -42,6 +43,7 @@ from anywool.errors import (
     DiscoveryCapacityExhausted,
     DiscoveryNamespaceInUse,
     DiscoveryNamespaceNotFound,
+    DiscoveryRegistryCorrupt,
     DiscoveryWorkerNotFound,
 )
 from anywool.metadata import WorkerMetadata
@@ -257,6 +259,8 @@ class Table:
         """Write one change: its journal entry (payload, then header), the block and slot, then
         the counter that publishes it. Caller holds ``LOCK_EX`` and ran :meth:`recover`."""
         counter = _read_counter(self.fd)[0] + 1
+        if counter > _MAX_COUNTER:
+            raise ValueError("its change counter is exhausted")
         offset = self._entry_offset(counter)
         if payload:
             os.pwrite(self.fd, payload, offset + _ENTRY.size)
@@ -383,8 +387,22 @@ def _read_header(fd: int) -> Header:
 
 def _read_counter(fd: int) -> tuple[int, bool]:
     data = os.pread(fd, 9, _COUNTER_OFFSET)
+    if len(data) < 9:
+        raise ValueError("it is truncated")
     counter, retired = struct.unpack("<QB", data)
     return counter, bool(retired)
+
+
+_MAX_COUNTER = 2**64 - 1
+
+
+def _owner_alive(dir_fd: int) -> bool:
+    """Whether a live owner holds the generation whose directory ``dir_fd`` is (one try:
+    ``LOCK_SH`` conflicts only with the owner's ``LOCK_EX``)."""
+    if _try_lock(dir_fd, fcntl.LOCK_SH):
+        _unlock(dir_fd)
+        return False
+    return True
 
 
 # -- fork -------------------------------------------------------------------------------------
@@ -427,6 +445,21 @@ class _Open:
     def capacity(self) -> int:
         return self.header.capacity
 
+    def _owner_alive(self) -> bool:
+        return _owner_alive(self.dir_fd)
+
+    @contextmanager
+    def _typed(self) -> Iterator[None]:
+        """Turn a registry that does not read as its format says into a typed error: the truth
+        about its owner, never a raw ``struct.error``."""
+        try:
+            yield
+        except (struct.error, ValueError) as exc:
+            if self._owner_alive():
+                raise DiscoveryRegistryCorrupt(self.namespace, str(self.path / "registry"),
+                                               str(exc) or type(exc).__name__) from exc
+            raise DiscoveryNamespaceNotFound(self.namespace) from None
+
     @property
     def block_size(self) -> int:
         return self.header.block_size
@@ -457,6 +490,11 @@ class Claim(_Open):
         """In a forked child: drop the inherited descriptors without touching the parent's."""
         self._released = True
         self.close()
+
+    def _owner_alive(self) -> bool:
+        # This is the owner: never probe our own lock (flock on our own descriptor would
+        # convert, then drop, the very lock that proves us alive).
+        return True
 
     def retire(self, lock_timeout: float | None = 5.0,
                checkpoint: Callable[[], None] | None = None) -> None:
@@ -529,8 +567,12 @@ class Claim(_Open):
 
     def _mark_retired(self) -> None:
         """Set the retired flag, bump the counter and write the hint (lock held, or not)."""
-        counter, _ = _read_counter(self.registry_fd)
-        os.pwrite(self.registry_fd, struct.pack("<QB", counter + 1, 1), _COUNTER_OFFSET)
+        try:
+            counter, _ = _read_counter(self.registry_fd)
+        except ValueError:
+            counter = 0  # a truncated registry: the flag still tells readers it is over
+        os.pwrite(self.registry_fd, struct.pack("<QB", min(counter + 1, _MAX_COUNTER), 1),
+                  _COUNTER_OFFSET)
         self._retired = True
         _touch_hint(self.path)
 
@@ -545,7 +587,7 @@ class Claim(_Open):
         """
         removed: list[UUID] = []
         with _locked(self.registry_fd, self.guard, fcntl.LOCK_EX, lock_timeout, self.namespace,
-                     checkpoint):
+                     checkpoint), self._typed():
             recovered = self.table.recover()
             slots = self.table.slots()
             dead = {lease for lease in _lease_ids(self.path) if _lease_is_dead(self.path, lease)}
@@ -769,6 +811,8 @@ class Binding(_Open):
             _, retired = _read_counter(self.registry_fd)
         except OSError:
             return False
+        except ValueError:
+            retired = False  # unreadable: whether its owner lives is the lock's to say
         if retired:
             return False
         # One try: LOCK_SH conflicts only with LOCK_EX, held continuously by a live owner and
@@ -779,8 +823,12 @@ class Binding(_Open):
         return True
 
     def counter(self) -> tuple[int, bool]:
-        """(change counter, retired flag) from the header; a cheap unlocked read."""
-        return _read_counter(self.registry_fd)
+        """(change counter, retired flag) from the header; a cheap unlocked read.
+
+        :raises DiscoveryRegistryCorrupt: the registry is unreadable and its owner alive.
+        """
+        with self._typed():
+            return _read_counter(self.registry_fd)
 
     # -- reads --
 
@@ -792,7 +840,8 @@ class Binding(_Open):
         Blocks that cannot be decoded are left out and counted in :attr:`unreadable_blocks`;
         the first time one is seen it is logged.
         """
-        with _locked(self.registry_fd, self.guard, fcntl.LOCK_SH, lock_timeout, self.namespace, checkpoint):
+        with _locked(self.registry_fd, self.guard, fcntl.LOCK_SH, lock_timeout, self.namespace, checkpoint), \
+                self._typed():
             result = self.table.snapshot()
         if self.table.unreadable:
             self.unreadable_blocks += self.table.unreadable
@@ -812,7 +861,8 @@ class Binding(_Open):
         reaches back to ``since`` (the reader fell more than ``JOURNAL_LENGTH`` changes
         behind): take a :meth:`snapshot` instead.
         """
-        with _locked(self.registry_fd, self.guard, fcntl.LOCK_SH, lock_timeout, self.namespace, checkpoint):
+        with _locked(self.registry_fd, self.guard, fcntl.LOCK_SH, lock_timeout, self.namespace, checkpoint), \
+                self._typed():
             return self.table.changes_since(since)
 
     # -- writes --
@@ -834,7 +884,8 @@ class Binding(_Open):
             if len(payload) > self.header.block_size:
                 raise DiscoveryBlockExhausted(len(payload))
         uid = metadata.uid.bytes
-        with _locked(self.registry_fd, self.guard, fcntl.LOCK_EX, lock_timeout, self.namespace, checkpoint):
+        with _locked(self.registry_fd, self.guard, fcntl.LOCK_EX, lock_timeout, self.namespace, checkpoint), \
+                self._typed():
             self.table.recover()
             slots = self.table.slots()
             index = next((i for i, entry in enumerate(slots) if entry[3] and entry[0] == uid),
@@ -866,7 +917,7 @@ class Binding(_Open):
         :raises TimeoutError: the registry lock was not taken within ``lock_timeout`` seconds.
         """
         with _locked(self.registry_fd, self.guard, fcntl.LOCK_EX, lock_timeout, self.namespace,
-                     checkpoint):
+                     checkpoint), self._typed():
             self.table.recover()
             slots = self.table.slots()
             indices = [i for i, entry in enumerate(slots) if entry[3] and entry[2] == lease]
@@ -926,8 +977,10 @@ def bind(namespace: str, root: Path | None = None) -> Binding:
     """Bind to the live generation of ``namespace`` without creating anything.
 
     :raises DiscoveryNamespaceNotFound: no generation exists, its owner is dead or retired, it
-        belongs to another namespace whose key collides with this one, or its registry is not
-        a well-formed one (corrupt or truncated).
+        belongs to another namespace whose key collides with this one, or its registry is not a
+        well-formed one (corrupt or truncated) and its owner is dead.
+    :raises DiscoveryRegistryCorrupt: the registry is not a well-formed one while its owner is
+        alive.
     """
     try:
         path = namespace_path(namespace, root or runtime_dir(create=False))
@@ -946,10 +999,10 @@ def bind(namespace: str, root: Path | None = None) -> Binding:
             raise DiscoveryNamespaceNotFound(namespace)
         # Never trust sizes read from a file: a corrupt header must not drive allocations.
         if not (1 <= header.capacity <= MAX_CAPACITY and 1 <= header.block_size <= MAX_BLOCK_SIZE):
-            raise DiscoveryNamespaceNotFound(namespace)
+            raise ValueError("its header names an impossible capacity or block size")
         if os.fstat(registry_fd).st_size < Table(registry_fd, header.capacity,
                                                  header.block_size).size:
-            raise DiscoveryNamespaceNotFound(namespace)
+            raise ValueError("it is truncated")
         binding = Binding(namespace, path, dir_fd, registry_fd, header)
         if not binding.is_live():
             raise DiscoveryNamespaceNotFound(namespace)
@@ -958,9 +1011,15 @@ def bind(namespace: str, root: Path | None = None) -> Binding:
         _close_quietly(registry_fd)
         os.close(dir_fd)
         raise
-    except (OSError, ValueError):
+    except (OSError, ValueError, struct.error) as exc:
+        # A registry that does not read as one: if its owner lives, say so rather than
+        # "no live owner" (a borrower could not tell the difference otherwise).
+        alive = not isinstance(exc, FileNotFoundError) and _owner_alive(dir_fd)
         _close_quietly(registry_fd)
         os.close(dir_fd)
+        if alive:
+            raise DiscoveryRegistryCorrupt(namespace, str(path / "registry"),
+                                           str(exc) or type(exc).__name__) from None
         raise DiscoveryNamespaceNotFound(namespace) from None
 
 
