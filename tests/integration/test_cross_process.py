@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from anywool import DiscoveryNamespaceInUse, DiscoveryNamespaceNotFound, LocalDiscovery, WorkerPool
+from anywool.discovery import registry
 
 from ..helpers import follow, take, worker
 from .children import start, start_detached, stop
@@ -182,7 +183,7 @@ async def test_sigkilled_owner_is_reclaimed_by_successor(namespace, runtime_dir,
                     pass
             assert sorted(os.listdir(info.value.path)) == contents
             async with LocalDiscovery(namespace) as successor:
-                assert sorted(os.listdir(successor.path)) == ["notify", "registry"]
+                assert sorted(os.listdir(successor.path)) == ["notify", "owner", "registry"]
                 # The dead generation was swept, not left beside the new one.
                 assert os.listdir(runtime_dir) == [os.path.basename(successor.path)]
             assert await child.read_stderr() == b""
@@ -364,3 +365,38 @@ async def test_a_new_iteration_sees_only_the_successors_workers(namespace):
                 tg.cancel_scope.cancel()
         finally:
             await stop([child])
+
+
+BINDER = """
+import sys
+from anywool import DiscoveryNamespaceNotFound, DiscoveryRegistryCorrupt
+from anywool.discovery import registry
+print("binding", flush=True)
+while True:
+    try:
+        registry.bind(sys.argv[1]).close()
+    except (DiscoveryNamespaceNotFound, DiscoveryRegistryCorrupt):
+        pass
+"""
+
+
+def test_a_dead_owner_is_reclaimable_while_borrowers_keep_binding(namespace, runtime_dir):
+    # Borrowers probe the owner's liveness many times a second; a claimant must still see a
+    # dead owner as dead every time (their probes must not look like a live owner's lock).
+    async def main() -> None:
+        with anyio.fail_after(60):
+            binders = [await start(BINDER, namespace) for _ in range(8)]
+            try:
+                for binder in binders:
+                    assert await binder.readline() == "binding"
+                for _ in range(500):
+                    dead = registry.claim(namespace, capacity=4, block_size=256)
+                    dead.close()  # its lock goes, its files stay: what a SIGKILL leaves
+                    successor = registry.claim(namespace, capacity=4, block_size=256)
+                    successor.release()
+            finally:
+                for binder in binders:
+                    binder.kill()
+                await stop(binders)
+
+    anyio.run(main)

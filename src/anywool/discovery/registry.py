@@ -429,10 +429,14 @@ class _Open:
     """Descriptors on one generation (its directory and registry) and the registry's layout."""
 
     def __init__(self, namespace: str, path: Path, dir_fd: int, registry_fd: int,
-                 header: Header) -> None:
+                 header: Header, owner_fd: int = -1) -> None:
         self.namespace = namespace
         self.path = path
         self.dir_fd = dir_fd
+        # The ``owner`` file, locked by the owner for life: borrowers probe its lock (never the
+        # directory's, which claimants probe), so that their probes, however many, never make
+        # a dead owner look alive to a claimant. -1 for a generation without one.
+        self.owner_fd = owner_fd
         self.registry_fd = registry_fd
         self.header = header
         self.table = Table(registry_fd, header.capacity, header.block_size)
@@ -446,7 +450,7 @@ class _Open:
         return self.header.capacity
 
     def _owner_alive(self) -> bool:
-        return _owner_alive(self.dir_fd)
+        return _owner_alive(self.owner_fd if self.owner_fd >= 0 else self.dir_fd)
 
     @contextmanager
     def _typed(self) -> Iterator[None]:
@@ -466,20 +470,22 @@ class _Open:
 
     def close(self) -> None:
         _close_quietly(self.registry_fd)
+        _close_quietly(self.owner_fd)
         _close_quietly(self.dir_fd)
-        self.registry_fd = self.dir_fd = -1
+        self.registry_fd = self.owner_fd = self.dir_fd = -1
 
 
 class Claim(_Open):
     """An owner's hold on one generation of a namespace (``ns-<key>/``).
 
-    The directory descriptor carries ``flock(LOCK_EX)`` for the owner's lifetime. Created by
+    The directory descriptor carries ``flock(LOCK_EX)`` for the owner's lifetime (claimants
+    probe it), and so does the ``owner`` file's (borrowers probe that one). Created by
     :func:`claim`; :meth:`release` retires and removes the generation.
     """
 
     def __init__(self, namespace: str, root: Path, path: Path, dir_fd: int, registry_fd: int,
-                 header: Header) -> None:
-        super().__init__(namespace, path, dir_fd, registry_fd, header)
+                 header: Header, owner_fd: int = -1) -> None:
+        super().__init__(namespace, path, dir_fd, registry_fd, header, owner_fd)
         self.root = root
         self.pid = os.getpid()
         self._released = False
@@ -629,10 +635,13 @@ def claim(namespace: str, *, capacity: int, block_size: int, reclaim: bool = Tru
     _sweep_leftovers(root, keep=target)
     tmp = root / f"tmp-{secrets.token_hex(8)}"
     os.mkdir(tmp, 0o700)
-    dir_fd = registry_fd = None
+    dir_fd = registry_fd = owner_fd = None
     try:
         dir_fd = _open_dir(tmp)
         fcntl.flock(dir_fd, fcntl.LOCK_EX)
+        owner_fd = _open_file(tmp / "owner", os.O_RDWR | os.O_CREAT | os.O_EXCL)
+        os.fchmod(owner_fd, 0o600)
+        fcntl.flock(owner_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         registry_fd, header = _create_registry(tmp, namespace, capacity, block_size)
         fd = _open_file(tmp / "notify", os.O_RDWR | os.O_CREAT | os.O_EXCL)
         os.fchmod(fd, 0o600)
@@ -640,7 +649,7 @@ def claim(namespace: str, *, capacity: int, block_size: int, reclaim: bool = Tru
         for attempt in range(3):
             try:
                 os.rename(tmp, target)
-                return Claim(namespace, root, target, dir_fd, registry_fd, header)
+                return Claim(namespace, root, target, dir_fd, registry_fd, header, owner_fd)
             except OSError as exc:
                 if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
                     raise
@@ -653,6 +662,7 @@ def claim(namespace: str, *, capacity: int, block_size: int, reclaim: bool = Tru
         raise DiscoveryNamespaceInUse(namespace, str(target), _owner_pid(target))
     except BaseException:
         _close_quietly(registry_fd)
+        _close_quietly(owner_fd)
         _close_quietly(dir_fd)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -815,12 +825,9 @@ class Binding(_Open):
             retired = False  # unreadable: whether its owner lives is the lock's to say
         if retired:
             return False
-        # One try: LOCK_SH conflicts only with LOCK_EX, held continuously by a live owner and
-        # for an instant by a claimant's probe (which then reads as "alive": harmless here).
-        if _try_lock(self.dir_fd, fcntl.LOCK_SH):
-            _unlock(self.dir_fd)
-            return False
-        return True
+        # One try on the owner file (LOCK_SH conflicts only with the owner's LOCK_EX): never on
+        # the directory, whose lock claimants probe to tell a dead owner.
+        return self._owner_alive()
 
     def counter(self) -> tuple[int, bool]:
         """(change counter, retired flag) from the header; a cheap unlocked read.
@@ -992,7 +999,12 @@ def bind(namespace: str, root: Path | None = None) -> Binding:
             raise DiscoveryNamespaceNotFound(namespace) from None
         raise
     registry_fd = None
+    owner_fd = -1
     try:
+        try:
+            owner_fd = _open_file(path / "owner", os.O_RDONLY)
+        except FileNotFoundError:
+            owner_fd = -1  # a generation laid out before the owner file: probe the directory
         registry_fd = _open_file(path / "registry", os.O_RDWR)
         header = _read_header(registry_fd)
         if header.digest != namespace_digest(namespace):
@@ -1003,19 +1015,22 @@ def bind(namespace: str, root: Path | None = None) -> Binding:
         if os.fstat(registry_fd).st_size < Table(registry_fd, header.capacity,
                                                  header.block_size).size:
             raise ValueError("it is truncated")
-        binding = Binding(namespace, path, dir_fd, registry_fd, header)
+        binding = Binding(namespace, path, dir_fd, registry_fd, header, owner_fd)
         if not binding.is_live():
             raise DiscoveryNamespaceNotFound(namespace)
         return binding
     except DiscoveryNamespaceNotFound:
         _close_quietly(registry_fd)
+        _close_quietly(owner_fd)
         os.close(dir_fd)
         raise
     except (OSError, ValueError, struct.error) as exc:
         # A registry that does not read as one: if its owner lives, say so rather than
         # "no live owner" (a borrower could not tell the difference otherwise).
-        alive = not isinstance(exc, FileNotFoundError) and _owner_alive(dir_fd)
+        alive = not isinstance(exc, FileNotFoundError) and \
+            _owner_alive(owner_fd if owner_fd >= 0 else dir_fd)
         _close_quietly(registry_fd)
+        _close_quietly(owner_fd)
         os.close(dir_fd)
         if alive:
             raise DiscoveryRegistryCorrupt(namespace, str(path / "registry"),
