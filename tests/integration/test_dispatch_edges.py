@@ -106,16 +106,19 @@ async def test_a_draining_worker_loses_no_call_under_load():
         async with WorkerPool(spawn=2) as pool:
             victim = pool.workers[0].metadata.pid
 
+            halfway = anyio.Event()
+
             async def caller() -> None:
                 for _ in range(100):
                     pid = await pid_after_a_moment()
                     served[pid] = served.get(pid, 0) + 1
+                    if served.get(victim, 0) >= 50:
+                        halfway.set()
 
             async with anyio.create_task_group() as tg:
                 for _ in range(16):
                     tg.start_soon(caller)
-                while served.get(victim, 0) < 50:
-                    await anyio.sleep(0.01)
+                await halfway.wait()  # the victim is busy serving: drain it now
                 os.kill(victim, signal.SIGINT)
     assert sum(served.values()) == 1600
 

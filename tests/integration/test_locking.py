@@ -167,8 +167,7 @@ async def test_concurrent_publishers_at_capacity_one_in_process(namespace):
             async with anyio.create_task_group() as tg:
                 for _ in range(8):
                     tg.start_soon(publish)
-                while len(outcomes) < 8:
-                    await anyio.sleep(0.01)
+                await wait_until(lambda: len(outcomes) == 8, "every publisher's outcome")
                 barrier.set()
             assert sorted(outcomes) == ["full"] * 7 + ["won"]
 
@@ -193,10 +192,14 @@ async def test_churning_publishers_never_tear_a_subscribers_view(namespace):
                 view: dict = {}
                 seen = 0
 
+                changed = anyio.Event()
+
                 async def watch() -> None:
-                    nonlocal seen
+                    nonlocal seen, changed
                     async for event in owner.subscriber:
                         seen += 1
+                        changed.set()
+                        changed = anyio.Event()
                         if event.type == "worker-dropped":
                             assert view.pop(event.metadata.uid).uid == event.metadata.uid
                         elif event.type == "worker-added":
@@ -223,14 +226,31 @@ async def test_churning_publishers_never_tear_a_subscribers_view(namespace):
                         while set(view) != set(registered) or not all(
                             view[uid].same_as(m) for uid, m in registered.items()
                         ):
-                            await anyio.sleep(0.05)
+                            await changed.wait()
                 finally:
                     await stop(children)
                 assert seen > 0
                 tg.cancel_scope.cancel()
 
 
-async def test_a_subscriber_waiting_on_a_locked_registry_blocks_nothing_and_cancels(namespace):
+@pytest.fixture
+def waiting(monkeypatch) -> threading.Event:
+    """Set each time a thread starts waiting for a registry lock it could not take at once."""
+    event = threading.Event()
+    real_lock = registry.lock_with_backoff
+
+    def lock_noting_the_wait(*args, **kwargs):
+        if not registry._try_lock(args[0], args[1]):
+            event.set()
+        else:
+            registry._unlock(args[0])
+        return real_lock(*args, **kwargs)
+
+    monkeypatch.setattr(registry, "lock_with_backoff", lock_noting_the_wait)
+    return event
+
+
+async def test_a_subscriber_waiting_on_a_locked_registry_blocks_nothing_and_cancels(namespace, waiting):
     from contextlib import aclosing
 
     with anyio.fail_after(10):  # the registry lock would be waited on for 30 s
@@ -258,7 +278,7 @@ async def test_a_subscriber_waiting_on_a_locked_registry_blocks_nothing_and_canc
 
                         tg.start_soon(run_stuck)
                         await started.wait()
-                        await anyio.sleep(0.2)  # let it reach the lock wait
+                        await wait_until(waiting.is_set, "the iteration to wait for the lock")
                         # Ending an unrelated iteration needs the hub: it must not be held.
                         await events.aclose()
                         scope.cancel()  # and the stuck start gives up promptly
@@ -267,7 +287,7 @@ async def test_a_subscriber_waiting_on_a_locked_registry_blocks_nothing_and_canc
         assert all(key[0] != registry.namespace_key(namespace) for key in hub.stats())
 
 
-async def test_stopping_a_source_that_waits_for_the_registry_lock_is_prompt(namespace):
+async def test_stopping_a_source_that_waits_for_the_registry_lock_is_prompt(namespace, waiting):
     import struct
     from contextlib import aclosing
 
@@ -284,8 +304,9 @@ async def test_stopping_a_source_that_waits_for_the_registry_lock_is_prompt(name
                         counter = struct.unpack("<Q", registry_file.read(8))[0]
                         registry_file.seek(registry._COUNTER_OFFSET)
                         registry_file.write(struct.pack("<Q", counter + 1))
+                    waiting.clear()
                     os.utime(os.path.join(owner.path, "notify"))
-                    await anyio.sleep(0.2)  # the source is now polling for the lock
+                    await wait_until(waiting.is_set, "the source to poll for the lock")
                     await events.aclose()  # joins the source thread (or gives up after 5 s)
                     name = f"anywool-source-{registry.namespace_key(namespace)}"
                     assert name not in [t.name for t in threading.enumerate()]

@@ -97,6 +97,13 @@ async def test_claims_and_borrows_follow_the_single_owner_model(steps):
                         else:
                             seen = {(await iterator.__anext__()).metadata.uid for _ in expected}
                             assert seen == expected
+                            # Nothing else may follow: a marker published now must be the very
+                            # next event (a stray event would come first).
+                            async with LocalDiscovery.Publisher(namespace) as marking:
+                                await marking.publish("worker-added", marker := worker())
+                                following = await iterator.__anext__()
+                                assert (following.type, following.metadata.uid) == (
+                                    "worker-added", marker.uid)
                     finally:
                         await iterator.aclose()
         finally:
