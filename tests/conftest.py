@@ -26,6 +26,7 @@ clean test costs one ``children()`` scan and one ``threading.enumerate()``.
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import sys
 import threading
@@ -64,6 +65,16 @@ def runtime_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mo
         _remove(child)
     path.rmdir()
     assert leftovers == [], f"runtime directory not empty after the test: {leftovers}"
+
+
+@pytest.fixture(autouse=True)
+def _first_claim_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A process sweeps its runtime directory at most every SWEEP_INTERVAL seconds: each test
+    # starts afresh, so that what it expects of "the next claim" does not depend on the tests
+    # that ran before it in the same process.
+    from anywool.discovery import registry
+
+    monkeypatch.setattr(registry, "_last_sweep", -math.inf)
 
 
 @pytest.fixture(autouse=True)

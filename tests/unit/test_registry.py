@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import itertools
+import math
 import os
 import subprocess
 import sys
@@ -158,13 +159,17 @@ def test_reclaim_false_names_a_dead_owner(runtime_dir: Path):
     assert os.listdir(runtime_dir) == []
 
 
-def test_dead_generations_of_other_namespaces_are_swept(runtime_dir: Path):
+def test_dead_generations_of_other_namespaces_are_swept(runtime_dir: Path, monkeypatch):
     # A SIGKILLed pool's random namespace is never claimed again: the next claim of any
     # namespace removes it once its owner's lock is free.
     abandoned = registry.claim("abandoned", capacity=1, block_size=64)
     die(abandoned)
-    live = registry.claim("live", capacity=1, block_size=64)
+    live = registry.claim("live", capacity=1, block_size=64)  # swept just before the death
     try:
+        registry.claim("other", capacity=1, block_size=64).release()
+        # Within SWEEP_INTERVAL of the last sweep, a claim's fast path sweeps nothing else.
+        assert sorted(os.listdir(runtime_dir)) == sorted([abandoned.path.name, live.path.name])
+        monkeypatch.setattr(registry, "_last_sweep", -math.inf)  # the interval has passed
         registry.claim("other", capacity=1, block_size=64).release()
         assert os.listdir(runtime_dir) == [live.path.name]
     finally:

@@ -229,17 +229,24 @@ class LocalDiscovery(Discovery):
                 await task_group.__aexit__(None, None, None)
         finally:
             if claim is not None:
+
+                async def remove_now() -> None:
+                    if not claim.released:  # no thread hop when the graceful part did it all
+                        await anyio.to_thread.run_sync(claim.release, 0)
+
                 await graceful_then_forceful(
-                    lambda: anyio.to_thread.run_sync(self._retire, claim),
-                    lambda: anyio.to_thread.run_sync(claim.release, 0),
+                    # One thread hop: retire under the lock, then remove. Interrupted while
+                    # waiting for the lock, it retires without it and removes all the same.
+                    lambda: anyio.to_thread.run_sync(self._release, claim),
+                    remove_now,
                     timeout=self._teardown_timeout,
                     what=f"retiring discovery namespace {self._namespace!r}",
                     log=log,
                 )
         return None
 
-    def _retire(self, claim: registry.Claim) -> None:
-        claim.retire(self._lock_timeout, anyio.from_thread.check_cancelled)
+    def _release(self, claim: registry.Claim) -> None:
+        claim.release(self._lock_timeout, anyio.from_thread.check_cancelled)
 
     async def _reap_forever(self, claim: registry.Claim) -> None:
         last_failure: str | None = None

@@ -22,6 +22,7 @@ import base64
 import errno
 import fcntl
 import logging
+import math
 import hashlib
 import os
 import secrets
@@ -527,6 +528,12 @@ class Claim(_Open):
         finally:
             _unlock(self.registry_fd)
 
+    @property
+    def released(self) -> bool:
+        """Whether :meth:`release` has run (the generation is gone, or this is a forked
+        child's copy)."""
+        return self._released
+
     def release(self, lock_timeout: float | None = 5.0,
                 checkpoint: Callable[[], None] | None = None) -> None:
         """Retire the generation (see :meth:`retire`), then remove every file of it and close
@@ -632,7 +639,7 @@ def claim(namespace: str, *, capacity: int, block_size: int, reclaim: bool = Tru
     """
     root = root or runtime_dir()
     target = namespace_path(namespace, root)
-    _sweep_leftovers(root, keep=target)
+    _sweep_now_and_then(root, keep=target)
     tmp = root / f"tmp-{secrets.token_hex(8)}"
     os.mkdir(tmp, 0o700)
     dir_fd = registry_fd = owner_fd = None
@@ -755,6 +762,22 @@ def _remove_generation(root: Path, path: Path) -> None:
     except FileNotFoundError:
         return
     shutil.rmtree(dead, ignore_errors=True)
+
+
+#: Seconds between the sweeps of a whole runtime directory a process's claims make. A claim
+#: whose own namespace is held by a dead owner always sweeps that one at once; the rest
+#: (other dead generations, killed claimants' and workers' leftovers) can wait: a sweep costs
+#: a probe per entry, which the claim fast path should not pay every time.
+SWEEP_INTERVAL = 10.0
+_last_sweep = -math.inf
+
+
+def _sweep_now_and_then(root: Path, keep: Path) -> None:
+    global _last_sweep
+    now = time.monotonic()
+    if now - _last_sweep >= SWEEP_INTERVAL:
+        _last_sweep = now
+        _sweep_leftovers(root, keep)
 
 
 def _sweep_leftovers(root: Path, keep: Path) -> None:
