@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
+from typing import BinaryIO
 from collections.abc import AsyncIterator, Callable
 
 import anyio
@@ -81,3 +83,31 @@ class Signal:
         stream = await self.listener.listeners[0].accept()  # type: ignore[attr-defined]
         async with stream:
             assert await stream.receive() == b"started"
+
+
+class DescriptorTraps:
+    """Files opened to take the descriptor numbers something just closed (the lowest free ones
+    go first): nothing of anywool may ever write to them. A context manager that closes them.
+    """
+
+    def __init__(self, directory: Path, count: int = 8) -> None:
+        self._directory = directory
+        self._count = count
+        self._files: list[BinaryIO] = []
+
+    def __enter__(self) -> DescriptorTraps:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for file in self._files:
+            file.close()
+
+    def set(self) -> None:
+        for index in range(self._count):
+            self._files.append(open(self._directory / f"trap-{index}", "w+b"))
+
+    def assert_untouched(self) -> None:
+        assert self._files, "the traps were never set"
+        for file in self._files:
+            file.seek(0)
+            assert file.read() == b"", f"{file.name} was written to"

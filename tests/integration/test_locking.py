@@ -13,7 +13,7 @@ import pytest
 from anywool import DiscoveryCapacityExhausted, DiscoveryNamespaceNotFound, LocalDiscovery
 from anywool.discovery import hub, registry
 
-from ..helpers import wait_until, worker
+from ..helpers import DescriptorTraps, wait_until, worker
 from .children import hold_registry_lock, start, stop
 
 pytestmark = pytest.mark.anyio
@@ -315,24 +315,15 @@ async def test_stopping_a_source_that_waits_for_the_registry_lock_is_prompt(name
 
 
 async def test_a_binding_is_never_closed_under_a_publish_across_owner_turnover(
-    namespace, tmp_path, monkeypatch
+    namespace, tmp_path, waiting
 ):
     # A publish waits for the lock on the first owner's registry; meanwhile that owner goes, a
     # successor claims, and a second publish rebinds. The first publish's binding must stay
     # open until it is done: closed, its descriptor numbers would be reused by the files opened
     # below, and the first publish would then write its registry layout into one of them.
-    waiting = threading.Event()
-    real_lock = registry.lock_with_backoff
-
-    def lock_noting_the_wait(*args, **kwargs):
-        waiting.set()
-        return real_lock(*args, **kwargs)
-
-    monkeypatch.setattr(registry, "lock_with_backoff", lock_noting_the_wait)
     outcomes: list[object] = []
-    files = []
     publisher = LocalDiscovery.Publisher(namespace, lock_timeout=None)
-    try:
+    with DescriptorTraps(tmp_path) as traps:
         with anyio.fail_after(30):
             async with anyio.create_task_group() as owners:
                 ready, leave, gone = anyio.Event(), anyio.Event(), anyio.Event()
@@ -363,8 +354,7 @@ async def test_a_binding_is_never_closed_under_a_publish_across_owner_turnover(
                         await gone.wait()  # the first owner retired without the lock
                         async with LocalDiscovery(namespace) as successor:
                             await publisher.publish("worker-added", second := worker())
-                            for index in range(8):
-                                files.append(open(tmp_path / f"user-{index}", "w+b"))
+                            traps.set()
                             await stop([holder])  # the first publish now gets its lock
                             await wait_until(lambda: bool(outcomes), "the first publish to end")
                             binding = registry.bind(namespace)
@@ -377,9 +367,4 @@ async def test_a_binding_is_never_closed_under_a_publish_across_owner_turnover(
                     finally:
                         await stop([holder])
         assert outcomes == ["published"] or isinstance(outcomes[0], DiscoveryNamespaceNotFound)
-        for file in files:
-            file.seek(0)
-            assert file.read() == b"", f"{file.name} was written to"
-    finally:
-        for file in files:
-            file.close()
+        traps.assert_untouched()

@@ -16,7 +16,7 @@ import pytest
 from anywool import DiscoveryNamespaceNotFound, LocalDiscovery, afilter
 from anywool.discovery import hub, registry
 
-from ..helpers import follow, take, wait_until, worker
+from ..helpers import DescriptorTraps, follow, take, wait_until, worker
 
 pytestmark = pytest.mark.anyio
 
@@ -345,8 +345,7 @@ async def test_a_source_that_dies_fails_its_iterations_and_never_writes_to_a_clo
 ):
     # The data loss this pins: a dead source's stop pipe was closed, its descriptor numbers
     # reused by the user's next files, and ending the iteration then wrote a NUL byte into one.
-    files = []
-    try:
+    with DescriptorTraps(tmp_path) as traps:
         with anyio.fail_after(10):
             async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
                 await publisher.publish("worker-added", first := worker())
@@ -357,18 +356,11 @@ async def test_a_source_that_dies_fails_its_iterations_and_never_writes_to_a_clo
                         with pytest.raises(RuntimeError, match="discovery source .* failed") as info:
                             await anext(events)
                         assert isinstance(info.value.__cause__, OverflowError)
-                        # Whatever descriptors the source closed, the user's files take them.
-                        for index in range(8):
-                            files.append(open(tmp_path / f"user-{index}", "w+b"))
+                        traps.set()  # whatever descriptors the source closed, these take
                 # A fresh iteration starts a fresh source.
                 async with aclosing(aiter(LocalDiscovery.Subscriber(namespace))) as events:
                     assert (await anext(events)).metadata.uid == first.uid
-        for file in files:
-            file.seek(0)
-            assert file.read() == b"", f"{file.name} was written to"
-    finally:
-        for file in files:
-            file.close()
+        traps.assert_untouched()
     assert "the discovery source for" in caplog.text
 
 
