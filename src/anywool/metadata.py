@@ -127,7 +127,11 @@ class WorkerMetadata:
             raise ValueError("not an encoded WorkerMetadata") from exc
         if version != _CODEC_VERSION:
             raise ValueError(f"unknown WorkerMetadata codec version {version!r}")
-        return cls(UUID(bytes=uid), address, pid, worker_version, frozenset(tags), extra, secure)
+        try:
+            return cls(UUID(bytes=uid), address, pid, worker_version, frozenset(tags), extra,
+                       secure)
+        except (TypeError, ValueError) as exc:  # well-formed msgpack, fields of the wrong kind
+            raise ValueError(f"not an encoded WorkerMetadata: {exc}") from exc
 
 
 def _valid_address(address: str) -> bool:

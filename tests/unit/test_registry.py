@@ -494,3 +494,25 @@ def test_a_corrupt_block_is_counted_logged_once_and_never_yielded(caplog):
         lease.release()
         binding.close()
         claim.release()
+
+
+def test_a_block_of_well_formed_msgpack_with_fields_of_the_wrong_kind_is_unreadable():
+    import msgpack
+
+    claim = registry.claim("wrong-kind", capacity=4, block_size=256)
+    binding = registry.bind("wrong-kind")
+    lease = binding.open_lease()
+    try:
+        binding.publish("worker-added", good := worker(), lease.id, lock_timeout=1)
+        binding.publish("worker-added", worker(), lease.id, lock_timeout=1)
+        forged = msgpack.packb([1, 5, "127.0.0.1:1", 1, "1", [], {}, False])
+        table = binding.table
+        os.pwrite(binding.registry_fd, forged, table.blocks_offset + table.block_size)
+        os.pwrite(binding.registry_fd, len(forged).to_bytes(4, "little"),
+                  registry._HEADER_SPACE + registry._SLOT.size + 40)  # the slot's payload length
+        _, view = binding.snapshot()
+        assert list(view) == [good.uid] and binding.unreadable_blocks == 1
+    finally:
+        lease.release()
+        binding.close()
+        claim.release()

@@ -386,3 +386,25 @@ async def test_iterations_left_with_a_plain_break_release_everything_without_a_g
                              "threads and descriptors back to the baseline", timeout=2)
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("busy", ["hub", "source"])
+async def test_a_detach_a_finalizer_had_to_defer_is_done_by_the_source_thread(namespace, busy):
+    # A plain break while another thread holds a hub lock: the finalizer may not wait for it,
+    # so the detach is deferred, and with nothing else touching the hub, the source thread
+    # itself must finish it.
+    with anyio.fail_after(20):
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            await publisher.publish("worker-added", worker())
+            baseline = _source_threads_and_descriptors()[0]
+            subscriber = LocalDiscovery.Subscriber(namespace, poll_interval=0.05)
+            iteration = aiter(subscriber)
+            await anext(iteration)
+            source = hub._hub.sources[(registry.namespace_key(namespace), 0.05)]
+            lock = hub._hub.lock if busy == "hub" else source.lock
+            with lock:  # as another thread holding it at that instant would
+                del iteration
+            assert len(hub._hub.deferred) == 1
+            await wait_until(lambda: _source_threads_and_descriptors()[0] == baseline,
+                             "the deferred detach and the source's end", timeout=5)
+            assert sources(namespace) == {} and not hub._hub.deferred

@@ -242,6 +242,7 @@ class _Source:
             ready = poller.poll(self.poll_interval * 1000)
             if any(fd == self.stop_r for fd, _ in ready):
                 return
+            _hub.drain_deferred()
             if ready:
                 self.watcher.drain()
             with self.lock:
@@ -364,8 +365,9 @@ class _Hub:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.sources: dict[tuple[str, float], _Source] = {}
-        # Detaches a finalizer could not do without waiting for a lock (see detach).
-        self.deferred: list[tuple[_Source, _Consumer]] = []
+        # Detaches a finalizer could not do without waiting for a lock (see detach). A deque:
+        # appended to without the lock, drained with popleft, so that nothing is ever lost.
+        self.deferred: deque[tuple[_Source, _Consumer]] = deque()
 
     def attach(self, namespace: str, poll_interval: float, consumer: _Consumer,
                checkpoint: Callable[[], None]) -> _Source:
@@ -423,12 +425,16 @@ class _Hub:
                 fresh.close()
 
     def drain_deferred(self) -> None:
-        """Do the detaches finalizers had to leave (see :meth:`detach`)."""
-        with self.lock:
-            pending, self.deferred = self.deferred, []
-        for source, consumer in pending:
-            thread = self.detach(source, consumer)
-            del thread  # not joined: it ends by itself, promptly, once told
+        """Do the detaches finalizers had to leave (see :meth:`detach`): at every attach, and
+        at every wake-up of every source thread (so within a poll interval at the latest).
+
+        Must be called with neither the hub lock nor any source lock held."""
+        while True:
+            try:
+                source, consumer = self.deferred.popleft()
+            except IndexError:
+                return
+            self.detach(source, consumer)  # its thread is not joined: told, it ends promptly
 
     def detach(self, source: _Source, consumer: _Consumer, *,
                blocking: bool = True) -> threading.Thread | None:
@@ -455,12 +461,9 @@ class _Hub:
                 source.unlisted = True
                 if self.sources.get(source.key) is source:
                     del self.sources[source.key]
-            pending, self.deferred = self.deferred, []
         finally:
             self.lock.release()
         consumer.close()
-        for other_source, other in pending:
-            self.detach(other_source, other, blocking=blocking)
         # Also a source the hub replaced (see attach), or one that failed (stopping a source
         # whose thread ended is a no-op).
         return source.stop(blocking=blocking) if last else None

@@ -41,7 +41,7 @@ from anywool.discovery.protocols import (
     DiscoverySubscriberLike,
     PredicateFunction,
 )
-from anywool.errors import DiscoveryNamespaceNotFound
+from anywool.errors import DiscoveryError, DiscoveryNamespaceNotFound
 from anywool.metadata import WorkerMetadata
 
 __all__ = ["LocalDiscovery"]
@@ -451,9 +451,9 @@ class LocalDiscovery(Discovery):
                 if not self._withdrawn and held.binding.is_live():
                     try:
                         held.binding.withdraw(held.lease.id, lock_timeout=0)
-                    except TimeoutError:
-                        log.debug("workers of a publisher of %r left to the owner's reaper",
-                                  self.namespace)
+                    except (TimeoutError, DiscoveryError) as exc:  # the graceful part said why
+                        log.debug("workers of a publisher of %r left to the owner's reaper: %r",
+                                  self.namespace, exc)
                 self._withdrawn = True
             finally:
                 with self._binding_lock:
