@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import itertools
@@ -10,6 +11,7 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,27 @@ from anywool.discovery import registry
 
 from ..helpers import worker
 
+
+
+@contextlib.contextmanager
+def _owned_and_bound(namespace: str, *, capacity: int,
+                     block_size: int) -> Iterator[tuple[registry.Claim, registry.Binding,
+                                                        registry.Lease]]:
+    """An owner's claim, a borrower's binding and a publisher's lease on one namespace; all
+    released afterwards."""
+    claim = registry.claim(namespace, capacity=capacity, block_size=block_size)
+    try:
+        binding = registry.bind(namespace)
+        try:
+            lease = binding.open_lease()
+            try:
+                yield claim, binding, lease
+            finally:
+                lease.release()
+        finally:
+            binding.close()
+    finally:
+        claim.release()
 
 def die(holder: registry.Claim) -> None:
     """Close an owner's descriptors as its death would (the kernel drops its flock)."""
@@ -56,10 +79,7 @@ def test_key_collision_never_binds_the_other_namespace(monkeypatch):
 
 
 def test_journal_replays_changes_and_reports_a_gap():
-    claim = registry.claim("journal", capacity=4, block_size=256)
-    binding = registry.bind("journal")
-    lease = binding.open_lease()
-    try:
+    with _owned_and_bound("journal", capacity=4, block_size=256) as (claim, binding, lease):
         start, view = binding.snapshot()
         assert view == {}
         a, b = worker(), worker()
@@ -79,10 +99,6 @@ def test_journal_replays_changes_and_reports_a_gap():
         assert binding.changes_since(start) is None  # overwritten: resynchronise instead
         _, view = binding.snapshot()
         assert list(view) == [a.uid] and view[a.uid].pid == 4
-    finally:
-        lease.release()
-        binding.close()
-        claim.release()
 
 
 def test_failed_sizing_removes_everything_and_a_retry_succeeds(monkeypatch, runtime_dir: Path):
@@ -177,10 +193,7 @@ def test_dead_generations_of_other_namespaces_are_swept(runtime_dir: Path, monke
 
 
 def test_a_change_whose_writer_died_mid_commit_is_rolled_forward(monkeypatch):
-    claim = registry.claim("torn", capacity=4, block_size=256)
-    binding = registry.bind("torn")
-    lease = binding.open_lease()
-    try:
+    with _owned_and_bound("torn", capacity=4, block_size=256) as (claim, binding, lease):
         a = worker()
         binding.publish("worker-added", a, lease.id, lock_timeout=1)
         after_add, _ = binding.snapshot()
@@ -197,10 +210,6 @@ def test_a_change_whose_writer_died_mid_commit_is_rolled_forward(monkeypatch):
         counter, changes = binding.changes_since(after_add)
         assert [(c.kind, c.uid) for c in changes] == [("worker-dropped", a.uid)]
         assert binding.snapshot() == (counter, {})
-    finally:
-        lease.release()
-        binding.close()
-        claim.release()
 
 
 def test_reaper_removes_lease_files_of_dead_publishers_without_workers():
@@ -265,20 +274,13 @@ def test_a_corrupt_registry_of_a_live_owner_is_reported_as_such(damage, runtime_
 
 @pytest.mark.parametrize("damage", ["truncate", "counter-exhausted"])
 def test_a_registry_damaged_under_a_binding_raises_typed_errors(damage, runtime_dir: Path):
-    claim = registry.claim("damaged", capacity=4, block_size=256)
-    binding = registry.bind("damaged")
-    lease = binding.open_lease()
-    try:
+    with _owned_and_bound("damaged", capacity=4, block_size=256) as (claim, binding, lease):
         _damage(claim.path / "registry", damage)
         with pytest.raises(DiscoveryRegistryCorrupt, match="live owner"):
             binding.publish("worker-added", worker(), lease.id, lock_timeout=1)
         if damage == "truncate":
             with pytest.raises(DiscoveryRegistryCorrupt):
                 binding.snapshot(lock_timeout=1)
-    finally:
-        lease.release()
-        binding.close()
-        claim.release()
 
 
 def test_a_corrupt_registry_of_a_dead_owner_reads_as_not_found(runtime_dir: Path):
@@ -409,10 +411,7 @@ def test_retired_claim_releases_without_taking_the_lock_again(runtime_dir: Path)
 
 
 def test_withdraw_lock_wait_is_interruptible_and_changes_nothing():
-    claim = registry.claim("withdraw", capacity=2, block_size=256)
-    binding = registry.bind("withdraw")
-    lease = binding.open_lease()
-    try:
+    with _owned_and_bound("withdraw", capacity=2, block_size=256) as (claim, binding, lease):
         metadata = worker()
         binding.publish("worker-added", metadata, lease.id, lock_timeout=1)
         holder = _hold_registry_lock(claim)
@@ -429,17 +428,10 @@ def test_withdraw_lock_wait_is_interruptible_and_changes_nothing():
         assert list(binding.snapshot()[1]) == [metadata.uid]
         assert binding.withdraw(lease.id, lock_timeout=0) == 1
         assert binding.snapshot()[1] == {}
-    finally:
-        lease.release()
-        binding.close()
-        claim.release()
 
 
 def test_a_refresh_whose_writer_died_between_block_and_slot_reads_as_rolled_forward(monkeypatch):
-    claim = registry.claim("torn-refresh", capacity=4, block_size=256)
-    binding = registry.bind("torn-refresh")
-    lease = binding.open_lease()
-    try:
+    with _owned_and_bound("torn-refresh", capacity=4, block_size=256) as (claim, binding, lease):
         a = worker(extra={"size": "small"})
         binding.publish("worker-added", a, lease.id, lock_timeout=1)
         counter, _ = binding.snapshot()
@@ -469,17 +461,10 @@ def test_a_refresh_whose_writer_died_between_block_and_slot_reads_as_rolled_forw
             fresh.close()
         assert claim.reap() == []  # the owner rolls it forward
         assert binding.snapshot() == (counter + 1, {a.uid: refreshed})
-    finally:
-        lease.release()
-        binding.close()
-        claim.release()
 
 
 def test_a_corrupt_block_is_counted_logged_once_and_never_yielded(caplog):
-    claim = registry.claim("corrupt-block", capacity=4, block_size=256)
-    binding = registry.bind("corrupt-block")
-    lease = binding.open_lease()
-    try:
+    with _owned_and_bound("corrupt-block", capacity=4, block_size=256) as (claim, binding, lease):
         good, bad = worker(), worker()
         binding.publish("worker-added", good, lease.id, lock_timeout=1)
         binding.publish("worker-added", bad, lease.id, lock_timeout=1)
@@ -490,19 +475,12 @@ def test_a_corrupt_block_is_counted_logged_once_and_never_yielded(caplog):
             assert list(view) == [good.uid]
         assert binding.unreadable_blocks == 3
         assert caplog.text.count("could not be decoded") == 1
-    finally:
-        lease.release()
-        binding.close()
-        claim.release()
 
 
 def test_a_block_of_well_formed_msgpack_with_fields_of_the_wrong_kind_is_unreadable():
     import msgpack
 
-    claim = registry.claim("wrong-kind", capacity=4, block_size=256)
-    binding = registry.bind("wrong-kind")
-    lease = binding.open_lease()
-    try:
+    with _owned_and_bound("wrong-kind", capacity=4, block_size=256) as (claim, binding, lease):
         binding.publish("worker-added", good := worker(), lease.id, lock_timeout=1)
         binding.publish("worker-added", worker(), lease.id, lock_timeout=1)
         forged = msgpack.packb([1, 5, "127.0.0.1:1", 1, "1", [], {}, False])
@@ -512,7 +490,3 @@ def test_a_block_of_well_formed_msgpack_with_fields_of_the_wrong_kind_is_unreada
                   registry._HEADER_SPACE + registry._SLOT.size + 40)  # the slot's payload length
         _, view = binding.snapshot()
         assert list(view) == [good.uid] and binding.unreadable_blocks == 1
-    finally:
-        lease.release()
-        binding.close()
-        claim.release()
