@@ -97,13 +97,17 @@ def wool_status(module: str = "wool") -> str | None:
 
 @contextmanager
 def private_runtime(prefix: str, env: Mapping[str, str], make: Iterable[str] = ()) -> Iterator[Path]:
-    """A fresh directory under /tmp, removed on exit, with ``env`` pointing into it meanwhile.
+    """A fresh directory under /dev/shm (else /tmp), removed on exit, with ``env`` pointing into
+    it meanwhile.
 
     ``env`` maps a variable to a path relative to the directory (``"."`` for the directory
-    itself); the directories in ``make`` are created first. Short and under /tmp: it holds
+    itself); the directories in ``make`` are created first. Its path is short: it holds
     AF_UNIX sockets. The variables are restored on exit.
     """
-    runtime = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp" if os.path.isdir("/tmp") else None))
+    # /dev/shm where it exists: anywool's default runtime directory and where wool keeps its
+    # shared memory, so both run as a user's default set-up would.
+    base = next((d for d in ("/dev/shm", "/tmp") if os.path.isdir(d)), None)
+    runtime = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
     saved = {name: os.environ.get(name) for name in env}
     try:
         for name in make:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import re
 import sys
 import threading
@@ -55,8 +56,11 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(autouse=True)
 def runtime_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    # A short path: worker Unix sockets live here and sun_path holds about 107 bytes.
-    path = Path("/tmp") / f"aw-{uuid.uuid4().hex[:10]}"
+    # A short path: worker Unix sockets live here and sun_path holds about 107 bytes. On a
+    # memory file system where there is one, as the default runtime directory is, so that the
+    # in-loop fast paths run; tests that need a disk-backed one say so (``on_disk``).
+    base = Path("/dev/shm") if os.path.isdir("/dev/shm") else Path("/tmp")
+    path = base / f"aw-{uuid.uuid4().hex[:10]}"
     path.mkdir(mode=0o700)
     monkeypatch.setenv("ANYWOOL_RUNTIME_DIR", str(path))
     yield path

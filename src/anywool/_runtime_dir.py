@@ -7,12 +7,14 @@ registry names the sockets that receive pickled code.
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
 
-__all__ = ["ENV_VAR", "runtime_dir"]
+__all__ = ["ENV_VAR", "in_memory", "runtime_dir"]
 
 ENV_VAR = "ANYWOOL_RUNTIME_DIR"
 
@@ -35,14 +37,7 @@ def runtime_dir(create: bool = True) -> Path:
     :raises FileNotFoundError: it does not exist and ``create`` is false, or its parent does
         not exist.
     """
-    configured = os.environ.get(ENV_VAR)
-    if configured:
-        path = Path(configured)
-        if not path.is_absolute():
-            raise ValueError(f"{ENV_VAR} must be an absolute path, got {configured!r}")
-    else:
-        base = Path("/dev/shm") if os.path.isdir("/dev/shm") else Path(tempfile.gettempdir())
-        path = base / f"anywool-{os.getuid()}"
+    path = _configured()
     if create:
         try:
             os.mkdir(path, 0o700)
@@ -69,3 +64,64 @@ def runtime_dir(create: bool = True) -> Path:
     if mode & 0o077:
         os.chmod(path, 0o700)
     return path
+
+
+def _configured() -> Path:
+    configured = os.environ.get(ENV_VAR)
+    if configured:
+        path = Path(configured)
+        if not path.is_absolute():
+            raise ValueError(f"{ENV_VAR} must be an absolute path, got {configured!r}")
+        return path
+    base = Path("/dev/shm") if os.path.isdir("/dev/shm") else Path(tempfile.gettempdir())
+    return base / f"anywool-{os.getuid()}"
+
+
+#: File systems that keep everything in memory: no call on them waits for a device.
+_MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
+
+
+def in_memory() -> bool:
+    """Whether the runtime directory lives on a memory file system (tmpfs, ramfs).
+
+    There, creating, locking, renaming and removing a handful of files never waits for a
+    device, so an event loop may do it itself instead of paying a thread hop. Elsewhere (a
+    disk, NFS) or when it cannot be told (no ``/proc``), ``False``: such work goes to a
+    thread. Read from ``/proc/self/mountinfo`` once per directory path.
+
+    :raises ValueError: as :func:`runtime_dir` (a relative ``$ANYWOOL_RUNTIME_DIR``).
+    """
+    return _on_memory_filesystem(str(_configured()))
+
+
+@functools.lru_cache(maxsize=16)
+def _on_memory_filesystem(path: str) -> bool:
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mounts:
+            table = mounts.read()
+    except OSError:
+        return False
+    # The directory may not exist yet: its nearest existing ancestor has the same mount.
+    return filesystem_type(os.path.realpath(path), table) in _MEMORY_FILESYSTEMS
+
+
+def filesystem_type(path: str, mountinfo: str) -> str | None:
+    """The type of the file system that absolute ``path`` is on, by the mount table in the
+    format of ``/proc/self/mountinfo``; ``None`` when no mount contains it."""
+    best, fstype = "", None
+    for line in mountinfo.splitlines():
+        # "<id> <parent> <dev> <root> <mount point> <options> [optional...] - <type> ..."
+        fields, _, tail = line.partition(" - ")
+        parts = fields.split(" ")
+        if len(parts) < 5 or not tail:
+            continue
+        point = _unescape(parts[4])
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):  # the last of equal mounts is the visible one
+            best, fstype = point, tail.split(" ", 1)[0]
+    return fstype
+
+
+def _unescape(field: str) -> str:
+    # The kernel writes space, tab, newline and backslash in mount points as octal escapes.
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)

@@ -425,3 +425,138 @@ async def test_a_registry_damaged_under_its_subscribers_is_logged_once(namespace
                 async with LocalDiscovery.Publisher(namespace):
                     pass
             tg.cancel_scope.cancel()
+
+
+# -- the in-loop fast paths and the thread paths ------------------------------------------------
+#
+# On a memory file system (the default runtime directory, and the one these tests use), a
+# claim, a release and a new iteration's first scan run in the event loop: nothing on the way
+# can wait. On a disk, or whenever something would wait (a registry lock held by a writer, a
+# sweep that is due, a large registry), they take one thread hop. Both must behave the same.
+
+
+@pytest.fixture(params=["in-loop", "thread"])
+def paths(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "thread":
+        monkeypatch.setattr("anywool._runtime_dir.in_memory", lambda: False)
+    return request.param
+
+
+async def test_either_path_claims_serves_and_removes_everything(namespace, paths, runtime_dir,
+                                                                 monkeypatch):
+    monkeypatch.setattr(registry, "_last_sweep", float("inf"))  # no sweep due: the fast path
+    claims, attaches = [], []
+    real_claim, real_attach = registry.claim, hub._Hub.attach
+    monkeypatch.setattr(registry, "claim", lambda *a, **k: claims.append(1) or real_claim(*a, **k))
+    monkeypatch.setattr(hub._Hub, "attach",
+                        lambda self, *a, **k: attaches.append(k.get("in_loop", False))
+                        or real_attach(self, *a, **k))
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace) as discovery, discovery.publisher as publisher:
+            first = worker()
+            await publisher.publish("worker-added", first)
+            async with anyio.create_task_group() as tg:
+                events = await follow(tg, discovery.subscriber)
+                assert await take(events, 1) == [("worker-added", first.uid)]
+                second = worker()
+                await publisher.publish("worker-added", second)
+                assert await take(events, 1) == [("worker-added", second.uid)]
+                tg.cancel_scope.cancel()
+        assert os.listdir(runtime_dir) == []
+    if paths == "in-loop":
+        assert claims == [] and attaches == [True]  # no blocking claim, no attach in a thread
+    else:
+        assert claims == [1] and attaches == [False]
+
+
+async def test_a_due_sweep_sends_the_claim_through_the_thread_path(namespace, monkeypatch):
+    claims = []
+    real_claim = registry.claim
+    monkeypatch.setattr(registry, "claim", lambda *a, **k: claims.append(1) or real_claim(*a, **k))
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace):  # conftest: the first claim's sweep is due
+            pass
+        async with LocalDiscovery(namespace):  # swept just now: not due
+            pass
+    assert claims == [1]
+
+
+async def test_a_held_registry_lock_sends_exit_and_attach_through_the_thread_path(namespace):
+    # A writer holds the registry lock: the in-loop attempts must not wait for it (nor act
+    # without it); the thread paths wait, and finish once it is released.
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace) as discovery, discovery.publisher as publisher:
+            await publisher.publish("worker-added", first := worker())
+            holder = os.open(os.path.join(discovery.path, "registry"), os.O_RDWR)
+            try:
+                import fcntl
+                fcntl.flock(holder, fcntl.LOCK_EX)
+                async with anyio.create_task_group() as tg:
+                    events = await follow(tg, discovery.subscriber)
+                    await anyio.sleep(0)  # give the attach its chance to (wrongly) go ahead
+                    with anyio.move_on_after(0.05):
+                        await events.receive()
+                        pytest.fail("an attach read the registry under a writer's lock")
+                    fcntl.flock(holder, fcntl.LOCK_UN)
+                    assert await take(events, 1) == [("worker-added", first.uid)]
+                    tg.cancel_scope.cancel()
+            finally:
+                os.close(holder)
+
+
+async def test_exit_with_the_registry_lock_held_retires_after_it_is_released(namespace,
+                                                                           runtime_dir):
+    import fcntl
+
+    entered, leave, left = anyio.Event(), anyio.Event(), anyio.Event()
+    paths: list[str] = []
+
+    async def own() -> None:
+        async with LocalDiscovery(namespace) as discovery:
+            assert discovery.path is not None
+            paths.append(discovery.path)
+            entered.set()
+            await leave.wait()
+        left.set()
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(own)
+            await entered.wait()
+            holder = os.open(os.path.join(paths[0], "registry"), os.O_RDWR)
+            try:
+                fcntl.flock(holder, fcntl.LOCK_EX)
+                leave.set()
+                with anyio.move_on_after(0.05):  # a noted wait: the exit waits for the lock
+                    await left.wait()
+                assert not left.is_set()
+                with open(os.path.join(paths[0], "registry"), "rb") as registry_file:
+                    header = registry_file.read(registry._COUNTER_OFFSET + 9)
+                assert header[-1] == 0  # not retired while another holds the lock
+                fcntl.flock(holder, fcntl.LOCK_UN)
+            finally:
+                os.close(holder)
+        assert os.listdir(runtime_dir) == []
+
+
+async def test_a_large_registry_is_scanned_in_a_thread(namespace, monkeypatch):
+    attaches = []
+    real_attach = hub._Hub.attach
+
+    def attach(self, *args, **kwargs):
+        try:
+            return real_attach(self, *args, **kwargs)
+        finally:
+            attaches.append((kwargs.get("in_loop", False), len(hub.stats())))
+
+    monkeypatch.setattr(hub._Hub, "attach", attach)
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace, capacity=hub.IN_LOOP_CAPACITY + 1) as discovery, \
+                discovery.publisher as publisher:
+            await publisher.publish("worker-added", first := worker())
+            async with anyio.create_task_group() as tg:
+                events = await follow(tg, discovery.subscriber)
+                assert await take(events, 1) == [("worker-added", first.uid)]
+                tg.cancel_scope.cancel()
+    # The in-loop attempt gave up before installing anything; the thread attached.
+    assert attaches == [(True, 0), (False, 1)]

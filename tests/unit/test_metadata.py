@@ -55,3 +55,30 @@ def test_bad_address_is_rejected(address):
 def test_garbage_bytes_are_rejected():
     with pytest.raises(ValueError):
         WorkerMetadata.from_bytes(b"\x93\x01\x02")
+
+
+@pytest.mark.parametrize("fields", [
+    [1, b"short", "unix:/a", 1, "1", [], {}, False],  # a uid of the wrong length
+    [1, uuid.uuid4().bytes, "nowhere", 1, "1", [], {}, False],  # not an address
+    [1, uuid.uuid4().bytes, "unix:/a", "1", "1", [], {}, False],  # pid not an int
+    [1, uuid.uuid4().bytes, "unix:/a", True, "1", [], {}, False],  # pid a bool
+    [1, uuid.uuid4().bytes, "unix:/a", 1, 1, [], {}, False],  # version not a str
+    [1, uuid.uuid4().bytes, "unix:/a", 1, "1", [1], {}, False],  # a tag not a str
+    [1, uuid.uuid4().bytes, "unix:/a", 1, "1", "ab", {}, False],  # tags a str
+    [1, uuid.uuid4().bytes, "unix:/a", 1, "1", [], [], False],  # extra not a map
+    [2, uuid.uuid4().bytes, "unix:/a", 1, "1", [], {}, False],  # an unknown codec version
+    [1, uuid.uuid4().bytes, "unix:/a", 1, "1", [], {}],  # a field missing
+])
+def test_records_of_the_wrong_shape_are_rejected(fields):
+    import msgpack
+
+    with pytest.raises(ValueError, match="WorkerMetadata"):
+        WorkerMetadata.from_bytes(msgpack.packb(fields, use_bin_type=True))
+
+
+def test_a_record_decodes_from_a_memoryview_as_from_bytes():
+    metadata = WorkerMetadata(uuid.uuid4(), "unix:/a", 1, "1", {"t"}, {"k": [1, "x"]}, True)
+    decoded = WorkerMetadata.from_bytes(memoryview(b"pad" + metadata.to_bytes())[3:])
+    assert decoded.same_as(metadata) and isinstance(decoded.tags, frozenset)
+    with pytest.raises(TypeError):
+        decoded.extra["k"] = 2  # type: ignore[index]

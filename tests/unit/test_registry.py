@@ -490,3 +490,100 @@ def test_a_block_of_well_formed_msgpack_with_fields_of_the_wrong_kind_is_unreada
                   registry._HEADER_SPACE + registry._SLOT.size + 40)  # the slot's payload length
         _, view = binding.snapshot()
         assert list(view) == [good.uid] and binding.unreadable_blocks == 1
+
+
+def test_try_claim_gives_way_to_any_generation_and_leaves_nothing(runtime_dir: Path):
+    claim = registry.claim("taken", capacity=1, block_size=64)
+    try:
+        assert registry.try_claim("taken", capacity=1, block_size=64) is None
+        assert os.listdir(runtime_dir) == [claim.path.name]
+        die(claim)  # a dead owner's generation: try_claim does not judge, claim does
+        assert registry.try_claim("taken", capacity=1, block_size=64) is None
+        assert os.listdir(runtime_dir) == [claim.path.name]
+        registry.claim("taken", capacity=1, block_size=64).release()
+    finally:
+        claim.release()
+    assert os.listdir(runtime_dir) == []
+    fresh = registry.try_claim("free", capacity=1, block_size=64)
+    assert fresh is not None and fresh.try_release()
+    assert os.listdir(runtime_dir) == []
+
+
+def test_try_release_does_nothing_while_a_writer_holds_the_lock(runtime_dir: Path):
+    with _owned_and_bound("held", capacity=2, block_size=256) as (claim, binding, lease):
+        fcntl.flock(binding.registry_fd, fcntl.LOCK_EX)
+        assert claim.try_release() is False
+        assert binding.is_live() and not claim.released
+        fcntl.flock(binding.registry_fd, fcntl.LOCK_UN)
+        assert claim.try_release() is True
+        assert not binding.is_live() and claim.released
+    assert os.listdir(runtime_dir) == []
+
+
+def test_no_space_for_a_block_fails_the_publish_before_anything_is_written(monkeypatch):
+    # A claim reserves the header and slots only; each change reserves its journal entry and
+    # block before writing either, so running out of space leaves the registry as it was.
+    with _owned_and_bound("space", capacity=4, block_size=256) as (claim, binding, lease):
+        binding.publish("worker-added", a := worker(), lease.id, lock_timeout=1)
+        before = os.pread(binding.registry_fd, binding.table.size, 0)
+
+        def no_space(fd: int, offset: int, length: int) -> None:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        with monkeypatch.context() as patch:
+            patch.setattr(registry.os, "posix_fallocate", no_space)
+            with pytest.raises(OSError) as info:
+                binding.publish("worker-added", worker(), lease.id, lock_timeout=1)
+        assert info.value.errno == errno.ENOSPC
+        assert os.pread(binding.registry_fd, binding.table.size, 0) == before
+        binding.publish("worker-updated", worker(uid=a.uid, pid=9), lease.id, lock_timeout=1)
+        assert binding.snapshot()[1][a.uid].pid == 9
+
+
+def test_a_fresh_registry_reserves_only_its_header_and_slots():
+    claim = registry.claim("sparse", capacity=128, block_size=1024)
+    try:
+        info = os.fstat(claim.registry_fd)
+        assert info.st_size == registry.registry_size(128, 1024)
+        assert info.st_blocks * 512 < claim.table.journal_offset + 8192  # journal, blocks: not yet
+    finally:
+        claim.release()
+
+
+MOUNTS = "\n".join([
+    "22 1 0:1 / / rw,relatime - ext4 /dev/vda rw",
+    "25 24 0:23 / /dev/shm rw,relatime - tmpfs tmpfs rw",
+    "30 22 0:30 / /mnt/my\\040disk rw shared:1 - tmpfs none rw",
+    "31 30 0:31 / /mnt/my\\040disk/in rw - xfs /dev/vdb rw",
+    "32 22 0:32 / /mnt/over rw - ext4 /dev/vdc rw",
+    "33 22 0:33 / /mnt/over rw - ramfs none rw",
+])
+
+
+@pytest.mark.parametrize(("path", "expected"), [
+    ("/dev/shm/anywool-0", "tmpfs"),
+    ("/dev/shmx", "ext4"),  # a prefix of the name is not a parent
+    ("/mnt/my disk/a", "tmpfs"),  # escaped space in the mount point
+    ("/mnt/my disk/in/b", "xfs"),  # the deepest mount wins
+    ("/mnt/over/x", "ramfs"),  # mounted over: the last one is the visible one
+    ("/", "ext4"),
+])
+def test_the_file_system_of_a_path_comes_from_the_mount_table(path, expected):
+    from anywool._runtime_dir import filesystem_type
+
+    assert filesystem_type(path, MOUNTS) == expected
+    assert filesystem_type(path, "") is None
+
+
+def test_in_memory_follows_the_runtime_directory(monkeypatch, tmp_path):
+    from anywool import _runtime_dir
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm here")
+    monkeypatch.setenv("ANYWOOL_RUNTIME_DIR", "/dev/shm/anywool-test-not-created")
+    assert _runtime_dir.in_memory() is True
+    monkeypatch.setenv("ANYWOOL_RUNTIME_DIR", "/proc/anywool")  # procfs: not a memory fs
+    assert _runtime_dir.in_memory() is False
+    monkeypatch.setenv("ANYWOOL_RUNTIME_DIR", "relative")
+    with pytest.raises(ValueError, match="absolute"):
+        _runtime_dir.in_memory()

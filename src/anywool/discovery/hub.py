@@ -27,6 +27,7 @@ import anyio
 import anyio.from_thread
 import anyio.to_thread
 
+from anywool import _runtime_dir
 from anywool._runtime_dir import runtime_dir
 from anywool.discovery import registry
 from anywool.discovery.protocols import DiscoveryEvent
@@ -49,6 +50,16 @@ if sys.platform == "linux":
         inotify_simple = None
 else:  # pragma: no cover
     inotify_simple = None
+
+
+#: Registries of at most this many slots are scanned in the event loop's own thread when a new
+#: iteration starts its source on a memory file system (about 0.5 ms at 256 workers); larger
+#: ones are scanned in a worker thread.
+IN_LOOP_CAPACITY = 256
+
+
+class WouldBlock(Exception):
+    """An in-loop attach would have to wait or work too long: attach from a thread instead."""
 
 
 class _Stopped(Exception):
@@ -175,10 +186,10 @@ class _Source:
 
     # -- lifecycle (hub lock held) --
 
-    def prime(self, checkpoint: Callable[[], None]) -> None:
+    def prime(self, checkpoint: Callable[[], None], lock_timeout: float | None) -> None:
         """Read the registry once (the first consumer's snapshot), before any thread runs."""
         self.watcher.watch(self.binding.path / "notify")  # type: ignore[union-attr]
-        self._refresh(checkpoint=checkpoint)
+        self._refresh(checkpoint=checkpoint, lock_timeout=lock_timeout)
 
     def close(self) -> None:
         """Release the watcher, the binding and the stop pipe: by the thread as it ends, or by
@@ -268,11 +279,12 @@ class _Source:
         if select.select([self.stop_r], [], [], 0)[0]:
             raise _Stopped
 
-    def _refresh(self, probe: bool = False,
-                 checkpoint: Callable[[], None] | None = None) -> None:
+    def _refresh(self, probe: bool = False, checkpoint: Callable[[], None] | None = None,
+                 lock_timeout: float | None = 30.0) -> None:
         """Bring the view up to date and hand the difference to every consumer.
 
         :param checkpoint: called while waiting for the registry lock; may raise to give up.
+        :param lock_timeout: seconds the registry lock may be waited for.
         """
         events: list[DiscoveryEvent] = []
         binding = self.binding
@@ -283,9 +295,9 @@ class _Source:
                 self._orphan()
             elif counter != self._counter:
                 self.scans += 1
-                journal = binding.changes_since(self._counter, checkpoint=checkpoint)
+                journal = binding.changes_since(self._counter, lock_timeout, checkpoint)
                 if journal is None:  # fell behind the journal: the net difference instead
-                    self._counter, current = binding.snapshot(checkpoint=checkpoint)
+                    self._counter, current = binding.snapshot(lock_timeout, checkpoint)
                     events = _diff(self.view, current)
                 else:
                     self._counter, changes = journal
@@ -301,7 +313,7 @@ class _Source:
             self.binds += 1
             self.watcher.watch(binding.path / "notify")
             self.scans += 1
-            self._counter, current = binding.snapshot(checkpoint=checkpoint)
+            self._counter, current = binding.snapshot(lock_timeout, checkpoint)
             events = _diff(self.view, current)
         if events:
             with self.lock:
@@ -370,15 +382,17 @@ class _Hub:
         self.deferred: deque[tuple[_Source, _Consumer]] = deque()
 
     def attach(self, namespace: str, poll_interval: float, consumer: _Consumer,
-               checkpoint: Callable[[], None]) -> _Source:
+               checkpoint: Callable[[], None], *, in_loop: bool = False) -> _Source:
         """Join (or start) the source and queue the current view as ``worker-added``.
 
-        Runs in a worker thread. The hub lock is only ever held for bookkeeping, never across
-        file-system work or a wait for the registry lock, so the event loops that detach
-        consumers never block on it.
+        Runs in a worker thread, or (``in_loop``) in an event loop's own thread. The hub lock
+        is only ever held for bookkeeping, never across file-system work or a wait for the
+        registry lock, so the event loops that detach consumers never block on it.
 
         :param checkpoint: called while waiting for the registry lock; raises to give up
             (cancellation of the iteration that is starting).
+        :param in_loop: never wait: give up with :class:`WouldBlock` (nothing attached) when
+            the registry lock is taken, or when the registry is too large to scan at once.
         :raises DiscoveryNamespaceNotFound: no live owner holds the namespace right now.
         :raises TimeoutError: the registry stayed locked by a writer for 30 s.
         """
@@ -389,6 +403,12 @@ class _Hub:
         probe: registry.Binding | None = registry.bind(namespace)
         generation = probe.generation
         fresh: _Source | None = None
+        lock_timeout: float | None = 30.0
+        if in_loop:
+            lock_timeout = 0
+            if probe.capacity > IN_LOOP_CAPACITY:
+                probe.close()
+                raise WouldBlock
         try:
             while True:
                 with self.lock:
@@ -417,7 +437,12 @@ class _Hub:
                 assert probe is not None
                 fresh = _Source(key, namespace, poll_interval, probe)
                 probe = None
-                fresh.prime(checkpoint)
+                try:
+                    fresh.prime(checkpoint, lock_timeout)
+                except TimeoutError:
+                    if in_loop:
+                        raise WouldBlock from None
+                    raise
         finally:
             if probe is not None:
                 probe.close()
@@ -511,8 +536,17 @@ async def _follow(namespace: str, poll_interval: float,
     iteration is freed, and detached, as soon as the caller drops it)."""
     consumer = _Consumer()
     try:
-        source = await anyio.to_thread.run_sync(
-            _hub.attach, namespace, poll_interval, consumer, anyio.from_thread.check_cancelled)
+        source = None
+        if _runtime_dir.in_memory():  # no thread hop when nothing on the way can wait
+            try:
+                source = _hub.attach(namespace, poll_interval, consumer, _no_checkpoint,
+                                     in_loop=True)
+            except WouldBlock:
+                pass
+        if source is None:
+            source = await anyio.to_thread.run_sync(
+                _hub.attach, namespace, poll_interval, consumer,
+                anyio.from_thread.check_cancelled)
     except BaseException:
         consumer.close()
         raise
@@ -525,6 +559,10 @@ async def _follow(namespace: str, poll_interval: float,
         if thread is not None:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(thread.join, _JOIN_TIMEOUT)
+
+
+def _no_checkpoint() -> None:
+    pass
 
 
 class _Iteration:

@@ -30,6 +30,7 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from anywool import _validate
+from anywool import _runtime_dir
 from anywool._teardown import graceful_then_forceful
 from anywool.discovery import hub, registry
 from anywool.discovery.filter import afilter
@@ -183,9 +184,16 @@ class LocalDiscovery(Discovery):
         if self._entered:
             raise RuntimeError("a LocalDiscovery instance is single-use; create a new one")
         self._entered = True
-        claim = await anyio.to_thread.run_sync(
-            lambda: registry.claim(self._namespace, capacity=self._capacity,
-                                   block_size=self._block_size, reclaim=self._reclaim))
+        claim = None
+        if _runtime_dir.in_memory() and not registry.sweep_due():
+            # Every call returns at once: no thread hop. Once in SWEEP_INTERVAL, the claim
+            # takes the thread path, which also sweeps what dead processes left behind.
+            claim = registry.try_claim(self._namespace, capacity=self._capacity,
+                                       block_size=self._block_size)
+        if claim is None:  # taken (by a live or a dead owner), or on a disk: may wait
+            claim = await anyio.to_thread.run_sync(
+                lambda: registry.claim(self._namespace, capacity=self._capacity,
+                                       block_size=self._block_size, reclaim=self._reclaim))
         self._claim = claim
         try:
             self._task_group = anyio.create_task_group()
@@ -228,15 +236,17 @@ class LocalDiscovery(Discovery):
                 task_group.cancel_scope.cancel()
                 await task_group.__aexit__(None, None, None)
         finally:
-            if claim is not None:
+            if claim is not None and not self._released_in_loop(claim):
+                # Not done in the loop at once (a writer holds the registry lock, or the
+                # runtime directory is on a disk): one thread hop, bounded and cancellable.
 
                 async def remove_now() -> None:
                     if not claim.released:  # no thread hop when the graceful part did it all
                         await anyio.to_thread.run_sync(claim.release, 0)
 
                 await graceful_then_forceful(
-                    # One thread hop: retire under the lock, then remove. Interrupted while
-                    # waiting for the lock, it retires without it and removes all the same.
+                    # Retire under the lock, then remove. Interrupted while waiting for the
+                    # lock, it retires without it and removes all the same.
                     lambda: anyio.to_thread.run_sync(self._release, claim),
                     remove_now,
                     timeout=self._teardown_timeout,
@@ -244,6 +254,17 @@ class LocalDiscovery(Discovery):
                     log=log,
                 )
         return None
+
+    def _released_in_loop(self, claim: registry.Claim) -> bool:
+        """Release at once, in the loop, when that cannot wait on anything."""
+        if not _runtime_dir.in_memory():
+            return False
+        try:
+            return claim.try_release()
+        except Exception:  # released as far as it went; the thread path finishes the rest
+            log.warning("releasing discovery namespace %r failed", self._namespace,
+                        exc_info=True)
+            return claim.released
 
     def _release(self, claim: registry.Claim) -> None:
         claim.release(self._lock_timeout, anyio.from_thread.check_cancelled)

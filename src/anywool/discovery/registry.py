@@ -263,6 +263,10 @@ class Table:
         if counter > _MAX_COUNTER:
             raise ValueError("its change counter is exhausted")
         offset = self._entry_offset(counter)
+        # Space first (ENOSPC here leaves everything as it was), then the writes.
+        _reserve(self.fd, offset, self.entry_size)
+        if kind != "worker-dropped":
+            _reserve(self.fd, self.blocks_offset + index * self.block_size, self.block_size)
         if payload:
             os.pwrite(self.fd, payload, offset + _ENTRY.size)
         os.pwrite(self.fd, _ENTRY.pack(counter, _KINDS.index(kind), index, len(payload),
@@ -310,10 +314,19 @@ class Table:
         pending = self._pending(counter)
         view: dict[UUID, WorkerMetadata] = {}
         unreadable = 0
-        for index, (_uid, _seq, _lease, length) in enumerate(self.slots()):
-            if not length or (pending is not None and pending[0] == index):
+        slots = self.slots()
+        used = [index for index, slot in enumerate(slots) if slot[3]]
+        span = (used[-1] + 1) * self.block_size if used else 0
+        # One read for all blocks when they are few or small (the usual case), else one each.
+        blocks = memoryview(os.pread(self.fd, span, self.blocks_offset)) \
+            if span <= _BATCH_READ else None
+        for index in used:
+            length = slots[index][3]
+            if pending is not None and pending[0] == index:
                 continue
-            data = os.pread(self.fd, length, self.blocks_offset + index * self.block_size)
+            start = index * self.block_size
+            data = blocks[start:start + length] if blocks is not None else \
+                os.pread(self.fd, length, self.blocks_offset + start)
             try:
                 metadata = WorkerMetadata.from_bytes(data)
             except ValueError:
@@ -395,6 +408,8 @@ def _read_counter(fd: int) -> tuple[int, bool]:
 
 
 _MAX_COUNTER = 2**64 - 1
+# Bytes of blocks a snapshot reads in one call rather than one call per block.
+_BATCH_READ = 1 << 20
 
 
 def _owner_alive(dir_fd: int) -> bool:
@@ -578,6 +593,27 @@ class Claim(_Open):
         if interrupted is not None:
             raise interrupted
 
+    def try_release(self) -> bool:
+        """:meth:`release` if the registry lock is free right now, without waiting for it.
+
+        For an event loop on a memory file system: every call it makes returns at once.
+
+        :returns: whether the generation was released; if not (a writer holds the lock),
+            nothing was done.
+        """
+        if self._released or os.getpid() != self.pid:
+            self.release()
+            return True
+        if not self._retired:
+            if not _try_lock(self.registry_fd, fcntl.LOCK_EX):
+                return False
+            try:
+                self._mark_retired()
+            finally:
+                _unlock(self.registry_fd)
+        self.release()
+        return True
+
     def _mark_retired(self) -> None:
         """Set the retired flag, bump the counter and write the hint (lock held, or not)."""
         try:
@@ -630,7 +666,8 @@ def claim(namespace: str, *, capacity: int, block_size: int, reclaim: bool = Tru
     Builds a stamped generation in ``tmp-<random>/`` under its own lock, then renames it to
     ``ns-<key>``; the rename fails when a generation exists, so exactly one racing claimant
     wins. A generation whose owner is dead (its lock can be taken) is swept and the rename
-    retried once when ``reclaim`` is true.
+    retried once when ``reclaim`` is true. At most every :data:`SWEEP_INTERVAL` seconds, a
+    claim also sweeps what dead processes left in the runtime directory.
 
     :raises DiscoveryNamespaceInUse: a live owner holds the namespace, or a dead one does and
         ``reclaim`` is false (``owner_pid`` is then ``None``).
@@ -639,13 +676,39 @@ def claim(namespace: str, *, capacity: int, block_size: int, reclaim: bool = Tru
     """
     root = root or runtime_dir()
     target = namespace_path(namespace, root)
-    _sweep_now_and_then(root, keep=target)
+    sweep_now_and_then(root, keep=target)
+    claimed = _claim(namespace, root, target, capacity, block_size, reclaim, blocking=True)
+    assert claimed is not None
+    return claimed
+
+
+def try_claim(namespace: str, *, capacity: int, block_size: int,
+              root: Path | None = None) -> Claim | None:
+    """One attempt at :func:`claim` that never waits: no sweep, no probe, no lock wait.
+
+    For an event loop on a memory file system (see :func:`anywool._runtime_dir.in_memory`),
+    where every call it makes returns at once.
+
+    :returns: the claim, or ``None`` (nothing left behind) when a generation of the namespace
+        already exists (live or dead: :func:`claim` tells which).
+    :raises OSError: as :func:`claim`.
+    """
+    root = root or runtime_dir()
+    return _claim(namespace, root, namespace_path(namespace, root), capacity, block_size,
+                  reclaim=False, blocking=False)
+
+
+def _claim(namespace: str, root: Path, target: Path, capacity: int, block_size: int,
+           reclaim: bool, *, blocking: bool) -> Claim | None:
     tmp = root / f"tmp-{secrets.token_hex(8)}"
     os.mkdir(tmp, 0o700)
     dir_fd = registry_fd = owner_fd = None
     try:
         dir_fd = _open_dir(tmp)
-        fcntl.flock(dir_fd, fcntl.LOCK_EX)
+        if blocking:
+            fcntl.flock(dir_fd, fcntl.LOCK_EX)
+        elif not _try_lock(dir_fd, fcntl.LOCK_EX):
+            raise _Busy  # a sweeper is removing it: let the blocking path start over
         owner_fd = _open_file(tmp / "owner", os.O_RDWR | os.O_CREAT | os.O_EXCL)
         os.fchmod(owner_fd, 0o600)
         fcntl.flock(owner_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -660,6 +723,8 @@ def claim(namespace: str, *, capacity: int, block_size: int, reclaim: bool = Tru
             except OSError as exc:
                 if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
                     raise
+            if not blocking:
+                raise _Busy
             incumbent = _probe_incumbent(namespace, target)
             if incumbent is not None:
                 raise incumbent
@@ -667,12 +732,18 @@ def claim(namespace: str, *, capacity: int, block_size: int, reclaim: bool = Tru
                 raise DiscoveryNamespaceInUse(namespace, str(target), None)
             _sweep_dead(root, target)
         raise DiscoveryNamespaceInUse(namespace, str(target), _owner_pid(target))
-    except BaseException:
+    except BaseException as exc:
         _close_quietly(registry_fd)
         _close_quietly(owner_fd)
         _close_quietly(dir_fd)
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, _Busy):
+            return None
         raise
+
+
+class _Busy(Exception):
+    """A non-blocking claim found something it would have to wait for."""
 
 
 def _create_registry(directory: Path, namespace: str, capacity: int,
@@ -680,13 +751,12 @@ def _create_registry(directory: Path, namespace: str, capacity: int,
     fd = _open_file(directory / "registry", os.O_RDWR | os.O_CREAT | os.O_EXCL)
     try:
         os.fchmod(fd, 0o600)
-        size = Table(fd, capacity, block_size).size
-        try:
-            os.posix_fallocate(fd, 0, size)  # reserve now: no ENOSPC mid-publish later
-        except OSError as exc:
-            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                raise
-            os.ftruncate(fd, size)
+        table = Table(fd, capacity, block_size)
+        os.ftruncate(fd, table.size)
+        # Reserve the header and slots now; journal entries and blocks are reserved by the
+        # write that first needs them (Table.commit), before it writes anything. Zeroing the
+        # whole file here cost a claim more than everything else it does.
+        _reserve(fd, 0, table.journal_offset)
         header = Header(capacity, block_size, os.getpid(), secrets.token_bytes(16),
                         namespace_digest(namespace), 0, False)
         os.pwrite(fd, _HEADER.pack(MAGIC, FORMAT_VERSION, capacity, block_size, header.owner_pid,
@@ -695,6 +765,20 @@ def _create_registry(directory: Path, namespace: str, capacity: int,
     except BaseException:
         os.close(fd)
         raise
+
+
+def _reserve(fd: int, offset: int, length: int) -> None:
+    """Allocate ``length`` bytes at ``offset`` of a registry, so that writing them later cannot
+    fail for want of space.
+
+    :raises OSError: ``ENOSPC`` (nothing was written); a file system without the call is
+        left sparse.
+    """
+    try:
+        os.posix_fallocate(fd, offset, length)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
 
 
 def _probe_incumbent(namespace: str, target: Path) -> DiscoveryNamespaceInUse | None:
@@ -772,7 +856,14 @@ SWEEP_INTERVAL = 10.0
 _last_sweep = -math.inf
 
 
-def _sweep_now_and_then(root: Path, keep: Path) -> None:
+def sweep_due() -> bool:
+    """Whether this process's next :func:`claim` sweeps the runtime directory."""
+    return time.monotonic() - _last_sweep >= SWEEP_INTERVAL
+
+
+def sweep_now_and_then(root: Path, keep: Path | None = None) -> None:
+    """Sweep the runtime directory (see :func:`_sweep_leftovers`) if this process has not in
+    the last :data:`SWEEP_INTERVAL` seconds. ``keep`` is a generation to leave alone."""
     global _last_sweep
     now = time.monotonic()
     if now - _last_sweep >= SWEEP_INTERVAL:
@@ -780,7 +871,7 @@ def _sweep_now_and_then(root: Path, keep: Path) -> None:
         _sweep_leftovers(root, keep)
 
 
-def _sweep_leftovers(root: Path, keep: Path) -> None:
+def _sweep_leftovers(root: Path, keep: Path | None) -> None:
     """Remove what dead processes left behind: ``tmp-*`` and ``dead-*`` directories of killed
     claimants, generations (``ns-*``) whose owner died, e.g. the random namespace of a
     SIGKILLed pool that nobody will ever claim again, and the socket directories (``w-*``) of
@@ -795,7 +886,8 @@ def _sweep_leftovers(root: Path, keep: Path) -> None:
         return
     now = time.time()
     for name in names:
-        if not name.startswith(("tmp-", "dead-", "ns-", "w-")) or name == keep.name:
+        if not name.startswith(("tmp-", "dead-", "ns-", "w-")) or (
+                keep is not None and name == keep.name):
             continue
         path = root / name
         try:
@@ -1086,7 +1178,7 @@ class _locked:
 
     def __enter__(self) -> None:
         start = time.monotonic()
-        while not self._guard.acquire(timeout=0.02):
+        while not self._guard.acquire(timeout=0.02 if self._timeout != 0 else 0):
             if self._checkpoint is not None:
                 self._checkpoint()
             if self._timeout is not None and time.monotonic() - start >= self._timeout:
