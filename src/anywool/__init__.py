@@ -1,15 +1,15 @@
 """anywool: run async routines on worker processes found through discovery, on asyncio or trio."""
 
-from anywool.discovery.filter import afilter
-from anywool.discovery.local import LocalDiscovery
-from anywool.discovery.protocols import (
+from anywool.discovery import (
     Discovery,
     DiscoveryEvent,
     DiscoveryEventType,
     DiscoveryLike,
     DiscoveryPublisherLike,
     DiscoverySubscriberLike,
+    LocalDiscovery,
     PredicateFunction,
+    afilter,
 )
 from anywool.errors import (
     DiscoveryBlockExhausted,
@@ -26,13 +26,17 @@ from anywool.errors import (
     WorkerError,
 )
 from anywool.metadata import WorkerMetadata
-from anywool.runtime.loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
-from anywool.runtime.local_worker import LocalWorker
-from anywool.runtime.pool import WorkerPool
-from anywool.runtime.proxy import WorkerProxy
-from anywool.runtime.resolve import Factory, resolved
-from anywool.runtime.routine import routine
-from anywool.runtime.serializer import SerializationWarning
+from anywool.runtime import (
+    Factory,
+    LoadBalancerLike,
+    LocalWorker,
+    RoundRobinLoadBalancer,
+    SerializationWarning,
+    WorkerPool,
+    WorkerProxy,
+    resolved,
+    routine,
+)
 
 __version__ = "0.1.0"
 
