@@ -76,9 +76,9 @@ def _first_claim_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
     # A process sweeps its runtime directory at most every SWEEP_INTERVAL seconds: each test
     # starts afresh, so that what it expects of "the next claim" does not depend on the tests
     # that ran before it in the same process.
-    from anywool.discovery import registry
+    from anywool.discovery.local import _claim
 
-    monkeypatch.setattr(registry, "_last_sweep", -math.inf)
+    monkeypatch.setattr(_claim, "_last_sweep", -math.inf)
 
 
 @pytest.fixture(autouse=True)

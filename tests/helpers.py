@@ -12,7 +12,7 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from anywool.discovery.protocols import DiscoveryEvent, DiscoverySubscriberLike
+from anywool.discovery._protocols import DiscoveryEvent, DiscoverySubscriberLike
 from anywool.metadata import WorkerMetadata
 
 

@@ -14,9 +14,7 @@ from pathlib import Path
 
 import anyio.to_thread
 
-from anywool.runtime.routine import routine
-
-__all__ = ["FileDigest", "Tally", "hash_file", "regular_files", "sha256_of"]
+from anywool.runtime._routine import routine
 
 _CHUNK = 1 << 20
 

@@ -14,8 +14,6 @@ import stat
 import tempfile
 from pathlib import Path
 
-__all__ = ["ENV_VAR", "in_memory", "runtime_dir"]
-
 ENV_VAR = "ANYWOOL_RUNTIME_DIR"
 
 

@@ -31,8 +31,6 @@ from typing import Any
 
 import anyio
 
-__all__ = ["Budget", "ExitWithin", "graceful_then_forceful"]
-
 
 async def graceful_then_forceful(
     graceful: Callable[[], Awaitable[object]],

@@ -9,8 +9,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-__all__ = ["MAX_SECONDS", "MIN_INTERVAL", "backend", "count", "duration", "seconds", "tag_set"]
-
 #: The longest duration any parameter accepts (one week): longer ones are mistakes, and some
 #: overflow the system calls they reach (``poll`` takes at most about 24.8 days).
 MAX_SECONDS = 7 * 24 * 3600.0

@@ -20,8 +20,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from anywool._address import Address
 from anywool._demo import Tally, hash_file, regular_files, sha256_of
-from anywool.runtime.pool import WorkerPool
+from anywool.runtime._pool import WorkerPool
 
 __all__ = ["main"]
 
@@ -98,7 +99,8 @@ async def _hash_all(files: list[str], workers: int, in_flight: int, console: Con
 
     async with WorkerPool(spawn=workers) as pool:
         created.append(Path(pool.discovery.path))
-        created.extend(Path(w.metadata.address.removeprefix("unix:")) for w in pool.workers)
+        sockets = (Address.parse(w.metadata.address).path for w in pool.workers)
+        created.extend(Path(path) for path in sockets if path is not None)
         started = time.perf_counter()
         with progress:
             task_id = progress.add_task("hashing", total=len(files))

@@ -13,6 +13,8 @@ from uuid import UUID
 
 import msgpack
 
+from anywool._address import Address
+
 __all__ = ["WorkerMetadata"]
 
 # Bumped whenever the encoded layout changes; decoders reject what they do not know.
@@ -34,7 +36,7 @@ class WorkerMetadata:
     :param extra: msgpack-serialisable values (str keys); stored read-only.
     :param secure: whether the worker's listener requires an authenticated peer.
     :raises TypeError: a field has the wrong type.
-    :raises ValueError: ``address`` is neither form above.
+    :raises ValueError: ``address`` is neither form above (the message says what is wrong).
     """
 
     uid: UUID
@@ -48,10 +50,11 @@ class WorkerMetadata:
     def __post_init__(self) -> None:
         if not isinstance(self.uid, UUID):
             raise TypeError(f"uid must be a UUID, got {self.uid!r}")
-        if not isinstance(self.address, str) or not _valid_address(self.address):
+        if not isinstance(self.address, str):
             raise ValueError(
                 f"address must be 'unix:/path' or 'host:port', got {self.address!r}"
             )
+        Address.parse(self.address)  # ValueError naming the address and what is wrong
         if isinstance(self.pid, bool) or not isinstance(self.pid, int):
             raise TypeError(f"pid must be an int, got {self.pid!r}")
         if not isinstance(self.version, str):
@@ -130,7 +133,7 @@ class WorkerMetadata:
         if (type(uid) is bytes and len(uid) == 16 and type(address) is str
                 and type(pid) is int and type(worker_version) is str and type(tags) is list
                 and type(extra) is dict and type(secure) is bool
-                and all(type(tag) is str for tag in tags) and _valid_address(address)):
+                and all(type(tag) is str for tag in tags) and _is_address(address)):
             # Exactly what to_bytes writes (and msgpack's str map keys are checked by
             # strict_map_key): build without re-validating. Snapshots decode one record per
             # worker, so this halves their cost.
@@ -148,8 +151,9 @@ class WorkerMetadata:
             raise ValueError(f"not an encoded WorkerMetadata: {exc}") from exc
 
 
-def _valid_address(address: str) -> bool:
-    if address.startswith("unix:"):
-        return address.startswith("unix:/")
-    host, sep, port = address.rpartition(":")
-    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+def _is_address(text: str) -> bool:
+    try:
+        Address.parse(text)
+    except ValueError:
+        return False
+    return True

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from anywool import DiscoveryNamespaceInUse, DiscoveryNamespaceNotFound, LocalDiscovery, WorkerPool
-from anywool.discovery import registry
+from anywool.discovery.local import _binding, _claim
 
 from ..helpers import follow, take, worker
 from .children import start, start_detached, stop
@@ -370,11 +370,11 @@ async def test_a_new_iteration_sees_only_the_successors_workers(namespace):
 BINDER = """
 import sys
 from anywool import DiscoveryNamespaceNotFound, DiscoveryRegistryCorrupt
-from anywool.discovery import registry
+from anywool.discovery.local import _binding, _claim
 print("binding", flush=True)
 while True:
     try:
-        registry.bind(sys.argv[1]).close()
+        _binding.bind(sys.argv[1]).close()
     except (DiscoveryNamespaceNotFound, DiscoveryRegistryCorrupt):
         pass
 """
@@ -390,9 +390,9 @@ def test_a_dead_owner_is_reclaimable_while_borrowers_keep_binding(namespace, run
                 for binder in binders:
                     assert await binder.readline() == "binding"
                 for _ in range(500):
-                    dead = registry.claim(namespace, capacity=4, block_size=256)
+                    dead = _claim.claim(namespace, capacity=4, block_size=256)
                     dead.close()  # its lock goes, its files stay: what a SIGKILL leaves
-                    successor = registry.claim(namespace, capacity=4, block_size=256)
+                    successor = _claim.claim(namespace, capacity=4, block_size=256)
                     successor.release()
             finally:
                 for binder in binders:

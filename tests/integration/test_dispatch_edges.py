@@ -17,8 +17,8 @@ from anywool import (
     WorkerPool,
     routine,
 )
-from anywool.runtime.connection import CallNotDelivered, WorkerConnection
-from anywool.runtime.wire import FrameStream
+from anywool.runtime._connection import CallNotDelivered, WorkerConnection
+from anywool.runtime._wire import FrameStream
 
 from ..helpers import follow, take
 

@@ -11,7 +11,8 @@ import anyio
 import pytest
 
 from anywool import DiscoveryCapacityExhausted, DiscoveryNamespaceNotFound, LocalDiscovery
-from anywool.discovery import hub, registry
+from anywool.discovery import _hub
+from anywool.discovery.local import _binding, _flock, _keys, _layout
 
 from ..helpers import DescriptorTraps, wait_until, worker
 from .children import hold_registry_lock, start, stop
@@ -117,7 +118,7 @@ async def test_cancelled_publish_leaves_no_lock_and_no_worker(namespace):
                 assert scope.cancelled_caught
             finally:
                 await stop([holder])
-            binding = registry.bind(namespace)
+            binding = _binding.bind(namespace)
             try:
                 assert binding.snapshot(lock_timeout=1)[1] == {}
             finally:
@@ -136,7 +137,7 @@ async def test_publishes_cancelled_at_random_points_commit_fully_or_not_at_all(n
                 with anyio.move_on_after(rng.random() * 0.002):
                     await publisher.publish("worker-added", metadata)
                     committed[metadata.uid] = metadata
-            binding = registry.bind(namespace)
+            binding = _binding.bind(namespace)
             try:
                 _, view = binding.snapshot(lock_timeout=1)
                 # No block a cancelled publish left half written is ever read as torn.
@@ -215,7 +216,7 @@ async def test_churning_publishers_never_tear_a_subscribers_view(namespace):
                     summaries = [(await child.readline()).split() for child in children]
                     assert all(line[0] == "done" and int(line[1]) > 100 for line in summaries)
                     live = sum(int(line[2]) for line in summaries)
-                    binding = registry.bind(namespace)
+                    binding = _binding.bind(namespace)
                     try:
                         _, registered = binding.snapshot(lock_timeout=5)
                     finally:
@@ -237,16 +238,16 @@ async def test_churning_publishers_never_tear_a_subscribers_view(namespace):
 def waiting(monkeypatch) -> threading.Event:
     """Set each time a thread starts waiting for a registry lock it could not take at once."""
     event = threading.Event()
-    real_lock = registry.lock_with_backoff
+    real_lock = _flock.lock_with_backoff
 
     def lock_noting_the_wait(*args, **kwargs):
-        if not registry._try_lock(args[0], args[1]):
+        if not _flock.try_lock(args[0], args[1]):
             event.set()
         else:
-            registry._unlock(args[0])
+            _flock.unlock(args[0])
         return real_lock(*args, **kwargs)
 
-    monkeypatch.setattr(registry, "lock_with_backoff", lock_noting_the_wait)
+    monkeypatch.setattr(_flock, "lock_with_backoff", lock_noting_the_wait)
     return event
 
 
@@ -284,7 +285,7 @@ async def test_a_subscriber_waiting_on_a_locked_registry_blocks_nothing_and_canc
                         scope.cancel()  # and the stuck start gives up promptly
             finally:
                 await stop([holder])
-        assert all(key[0] != registry.namespace_key(namespace) for key in hub.stats())
+        assert all(key[0] != _keys.namespace_key(namespace) for key in _hub.stats())
 
 
 async def test_stopping_a_source_that_waits_for_the_registry_lock_is_prompt(namespace, waiting):
@@ -300,15 +301,15 @@ async def test_stopping_a_source_that_waits_for_the_registry_lock_is_prompt(name
                 try:
                     # A change the source must read under the lock the holder keeps.
                     with open(os.path.join(owner.path, "registry"), "r+b") as registry_file:
-                        registry_file.seek(registry._COUNTER_OFFSET)
+                        registry_file.seek(_layout.COUNTER_OFFSET)
                         counter = struct.unpack("<Q", registry_file.read(8))[0]
-                        registry_file.seek(registry._COUNTER_OFFSET)
+                        registry_file.seek(_layout.COUNTER_OFFSET)
                         registry_file.write(struct.pack("<Q", counter + 1))
                     waiting.clear()
                     os.utime(os.path.join(owner.path, "notify"))
                     await wait_until(waiting.is_set, "the source to poll for the lock")
                     await events.aclose()  # joins the source thread (or gives up after 5 s)
-                    name = f"anywool-source-{registry.namespace_key(namespace)}"
+                    name = f"anywool-source-{_keys.namespace_key(namespace)}"
                     assert name not in [t.name for t in threading.enumerate()]
                 finally:
                     await stop([holder])
@@ -357,7 +358,7 @@ async def test_a_binding_is_never_closed_under_a_publish_across_owner_turnover(
                             traps.set()
                             await stop([holder])  # the first publish now gets its lock
                             await wait_until(lambda: bool(outcomes), "the first publish to end")
-                            binding = registry.bind(namespace)
+                            binding = _binding.bind(namespace)
                             try:
                                 workers = binding.snapshot(lock_timeout=1)[1]
                             finally:

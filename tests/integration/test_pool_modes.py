@@ -14,7 +14,7 @@ import anyio
 import psutil
 import pytest
 
-import anywool.runtime.pool as pool_module
+import anywool.runtime._pool as pool_module
 from anywool import (
     DiscoveryEvent,
     DiscoveryNamespaceInUse,

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
-from anywool.discovery.protocols import (
+from anywool.discovery._protocols import (
     DiscoveryEvent,
     DiscoveryEventType,
     DiscoverySubscriberLike,

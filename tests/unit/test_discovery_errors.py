@@ -19,7 +19,8 @@ from anywool import (
     DiscoveryWorkerNotFound,
     SerializationWarning,
 )
-from anywool.runtime import serializer, wire
+from anywool.runtime import _serializer as serializer
+from anywool.runtime import _wire as wire
 
 FIELDS = {
     DiscoveryNamespaceInUse: ("namespace", "path", "owner_pid"),

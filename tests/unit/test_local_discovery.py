@@ -22,7 +22,8 @@ from anywool import (
     LocalDiscovery,
     WorkerMetadata,
 )
-from anywool.discovery import hub, registry
+from anywool.discovery import _hub
+from anywool.discovery.local import _claim, _keys, _layout
 
 from ..helpers import follow, take, wait_until, worker
 
@@ -115,7 +116,7 @@ async def test_subscriber_on_missing_namespace_raises_and_creates_nothing(namesp
             async for _ in LocalDiscovery.Subscriber(namespace):
                 pass
     assert os.listdir(runtime_dir) == []
-    assert all(key[0] != registry.namespace_key(namespace) for key in hub.stats())
+    assert all(key[0] != _keys.namespace_key(namespace) for key in _hub.stats())
 
 
 async def test_borrowers_work_without_entering_the_owner_instance(namespace):
@@ -444,11 +445,11 @@ def paths(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> st
 
 async def test_either_path_claims_serves_and_removes_everything(namespace, paths, runtime_dir,
                                                                  monkeypatch):
-    monkeypatch.setattr(registry, "_last_sweep", float("inf"))  # no sweep due: the fast path
+    monkeypatch.setattr(_claim, "_last_sweep", float("inf"))  # no sweep due: the fast path
     claims, attaches = [], []
-    real_claim, real_attach = registry.claim, hub._Hub.attach
-    monkeypatch.setattr(registry, "claim", lambda *a, **k: claims.append(1) or real_claim(*a, **k))
-    monkeypatch.setattr(hub._Hub, "attach",
+    real_claim, real_attach = _claim.claim, _hub._Hub.attach
+    monkeypatch.setattr(_claim, "claim", lambda *a, **k: claims.append(1) or real_claim(*a, **k))
+    monkeypatch.setattr(_hub._Hub, "attach",
                         lambda self, *a, **k: attaches.append(k.get("in_loop", False))
                         or real_attach(self, *a, **k))
     with anyio.fail_after(10):
@@ -471,8 +472,8 @@ async def test_either_path_claims_serves_and_removes_everything(namespace, paths
 
 async def test_a_due_sweep_sends_the_claim_through_the_thread_path(namespace, monkeypatch):
     claims = []
-    real_claim = registry.claim
-    monkeypatch.setattr(registry, "claim", lambda *a, **k: claims.append(1) or real_claim(*a, **k))
+    real_claim = _claim.claim
+    monkeypatch.setattr(_claim, "claim", lambda *a, **k: claims.append(1) or real_claim(*a, **k))
     with anyio.fail_after(10):
         async with LocalDiscovery(namespace):  # conftest: the first claim's sweep is due
             pass
@@ -531,7 +532,7 @@ async def test_exit_with_the_registry_lock_held_retires_after_it_is_released(nam
                     await left.wait()
                 assert not left.is_set()
                 with open(os.path.join(paths[0], "registry"), "rb") as registry_file:
-                    header = registry_file.read(registry._COUNTER_OFFSET + 9)
+                    header = registry_file.read(_layout.COUNTER_OFFSET + 9)
                 assert header[-1] == 0  # not retired while another holds the lock
                 fcntl.flock(holder, fcntl.LOCK_UN)
             finally:
@@ -541,17 +542,17 @@ async def test_exit_with_the_registry_lock_held_retires_after_it_is_released(nam
 
 async def test_a_large_registry_is_scanned_in_a_thread(namespace, monkeypatch):
     attaches = []
-    real_attach = hub._Hub.attach
+    real_attach = _hub._Hub.attach
 
     def attach(self, *args, **kwargs):
         try:
             return real_attach(self, *args, **kwargs)
         finally:
-            attaches.append((kwargs.get("in_loop", False), len(hub.stats())))
+            attaches.append((kwargs.get("in_loop", False), len(_hub.stats())))
 
-    monkeypatch.setattr(hub._Hub, "attach", attach)
+    monkeypatch.setattr(_hub._Hub, "attach", attach)
     with anyio.fail_after(10):
-        async with LocalDiscovery(namespace, capacity=hub.IN_LOOP_CAPACITY + 1) as discovery, \
+        async with LocalDiscovery(namespace, capacity=_hub.IN_LOOP_CAPACITY + 1) as discovery, \
                 discovery.publisher as publisher:
             await publisher.publish("worker-added", first := worker())
             async with anyio.create_task_group() as tg:

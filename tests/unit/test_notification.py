@@ -9,7 +9,8 @@ import anyio
 import pytest
 
 from anywool import LocalDiscovery
-from anywool.discovery import hub, registry
+from anywool.discovery import _hub
+from anywool.discovery.local import _watch
 
 from ..helpers import follow, take, worker
 
@@ -21,7 +22,7 @@ async def test_attribute_change_counts_as_a_hint(namespace, monkeypatch):
     def touch(path: Path) -> None:
         os.utime(path / "notify")
 
-    monkeypatch.setattr(registry, "_touch_hint", touch)
+    monkeypatch.setattr(_watch, "touch_hint", touch)
     with anyio.fail_after(10):  # the poll interval is 60 s: only the hint can deliver
         async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
             first = worker()
@@ -36,8 +37,8 @@ async def test_attribute_change_counts_as_a_hint(namespace, monkeypatch):
 
 
 async def test_without_the_hint_subscribers_converge_by_polling(namespace, monkeypatch):
-    monkeypatch.setattr(hub, "inotify_simple", None)
-    monkeypatch.setattr(registry, "_touch_hint", lambda path: None)
+    monkeypatch.setattr(_watch, "inotify_simple", None)
+    monkeypatch.setattr(_watch, "touch_hint", lambda path: None)
     with anyio.fail_after(10):
         async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
             first = worker()
@@ -53,8 +54,8 @@ async def test_without_the_hint_subscribers_converge_by_polling(namespace, monke
 
 
 async def test_default_poll_interval_converges_within_a_second_or_so(namespace, monkeypatch):
-    monkeypatch.setattr(hub, "inotify_simple", None)
-    monkeypatch.setattr(registry, "_touch_hint", lambda path: None)
+    monkeypatch.setattr(_watch, "inotify_simple", None)
+    monkeypatch.setattr(_watch, "touch_hint", lambda path: None)
     with anyio.fail_after(10):
         async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
             first = worker()
@@ -64,6 +65,6 @@ async def test_default_poll_interval_converges_within_a_second_or_so(namespace, 
                 assert await take(events, 1) == [("worker-added", first.uid)]
                 second = worker()
                 await publisher.publish("worker-added", second)
-                with anyio.fail_after(3 * hub.DEFAULT_POLL_INTERVAL):
+                with anyio.fail_after(3 * _hub.DEFAULT_POLL_INTERVAL):
                     assert await take(events, 1) == [("worker-added", second.uid)]
                 tg.cancel_scope.cancel()

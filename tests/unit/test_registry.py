@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from anywool import DiscoveryNamespaceInUse, DiscoveryNamespaceNotFound, DiscoveryRegistryCorrupt
-from anywool.discovery import registry
+from anywool.discovery.local import _binding, _claim, _keys, _layout
 
 from ..helpers import worker
 
@@ -25,13 +25,13 @@ from ..helpers import worker
 
 @contextlib.contextmanager
 def _owned_and_bound(namespace: str, *, capacity: int,
-                     block_size: int) -> Iterator[tuple[registry.Claim, registry.Binding,
-                                                        registry.Lease]]:
+                     block_size: int) -> Iterator[tuple[_claim.Claim, _binding.Binding,
+                                                        _binding.Lease]]:
     """An owner's claim, a borrower's binding and a publisher's lease on one namespace; all
     released afterwards."""
-    claim = registry.claim(namespace, capacity=capacity, block_size=block_size)
+    claim = _claim.claim(namespace, capacity=capacity, block_size=block_size)
     try:
-        binding = registry.bind(namespace)
+        binding = _binding.bind(namespace)
         try:
             lease = binding.open_lease()
             try:
@@ -43,37 +43,37 @@ def _owned_and_bound(namespace: str, *, capacity: int,
     finally:
         claim.release()
 
-def die(holder: registry.Claim) -> None:
+def die(holder: _claim.Claim) -> None:
     """Close an owner's descriptors as its death would (the kernel drops its flock)."""
     holder.forget()
 
 
 def test_keys_are_hashed_domain_separated_and_fixed_length():
-    keys = {registry.namespace_key(name) for name in ["a/b", "..", "x" * 10_000, "\0", "ü"]}
+    keys = {_keys.namespace_key(name) for name in ["a/b", "..", "x" * 10_000, "\0", "ü"]}
     assert len(keys) == 5
     assert all(len(key) == 26 and key.isalnum() for key in keys)
     # Domain separation: the key is not the plain hash the digest uses.
-    assert registry.namespace_key("jobs") not in registry.namespace_digest("jobs").hex()
+    assert _keys.namespace_key("jobs") not in _keys.namespace_digest("jobs").hex()
 
 
 def test_key_collision_never_binds_the_other_namespace(monkeypatch):
-    monkeypatch.setattr(registry, "KEY_BYTES", 1)  # 256 keys: collisions are easy to find
+    monkeypatch.setattr(_keys, "KEY_BYTES", 1)  # 256 keys: collisions are easy to find
     seen: dict[str, str] = {}
     for index in itertools.count():
         name = f"n{index}"
-        key = registry.namespace_key(name)
+        key = _keys.namespace_key(name)
         if key in seen:
             first, second = seen[key], name
             break
         seen[key] = name
-    claim = registry.claim(first, capacity=2, block_size=256)
+    claim = _claim.claim(first, capacity=2, block_size=256)
     try:
         with pytest.raises(DiscoveryNamespaceNotFound):
-            registry.bind(second)
+            _binding.bind(second)
         with pytest.raises(DiscoveryNamespaceInUse) as info:
-            registry.claim(second, capacity=2, block_size=256)
+            _claim.claim(second, capacity=2, block_size=256)
         assert info.value.namespace == second
-        registry.bind(first).close()
+        _binding.bind(first).close()
     finally:
         claim.release()
 
@@ -94,7 +94,7 @@ def test_journal_replays_changes_and_reports_a_gap():
             ("worker-updated", a.uid), ("worker-dropped", b.uid),
         ]
         assert changes[2].metadata.pid == 3
-        for _ in range(registry.JOURNAL_LENGTH):
+        for _ in range(_layout.JOURNAL_LENGTH):
             binding.publish("worker-updated", worker(uid=a.uid, pid=4), lease.id, lock_timeout=1)
         assert binding.changes_since(start) is None  # overwritten: resynchronise instead
         _, view = binding.snapshot()
@@ -108,10 +108,10 @@ def test_failed_sizing_removes_everything_and_a_retry_succeeds(monkeypatch, runt
     with monkeypatch.context() as patch:
         patch.setattr(os, "posix_fallocate", no_space)
         with pytest.raises(OSError) as info:
-            registry.claim("full", capacity=8, block_size=1024)
+            _claim.claim("full", capacity=8, block_size=1024)
     assert info.value.errno == errno.ENOSPC
     assert os.listdir(runtime_dir) == []
-    registry.claim("full", capacity=8, block_size=1024).release()
+    _claim.claim("full", capacity=8, block_size=1024).release()
     assert os.listdir(runtime_dir) == []
 
 
@@ -119,7 +119,7 @@ def test_runtime_dir_of_another_user_is_refused(monkeypatch):
     real_uid = os.getuid()
     monkeypatch.setattr(os, "getuid", lambda: real_uid + 4242)
     with pytest.raises(PermissionError, match="owned by uid"):
-        registry.claim("theirs", capacity=1, block_size=64)
+        _claim.claim("theirs", capacity=1, block_size=64)
 
 
 def test_runtime_dir_symlink_is_refused(tmp_path, monkeypatch):
@@ -129,12 +129,12 @@ def test_runtime_dir_symlink_is_refused(tmp_path, monkeypatch):
     link.symlink_to(real)
     monkeypatch.setenv("ANYWOOL_RUNTIME_DIR", str(link))
     with pytest.raises(PermissionError, match="symlink"):
-        registry.claim("jobs", capacity=1, block_size=64)
+        _claim.claim("jobs", capacity=1, block_size=64)
     assert os.listdir(real) == []
 
 
 def test_forked_child_of_owner_removes_nothing(runtime_dir: Path):
-    claim = registry.claim("forked", capacity=1, block_size=64)
+    claim = _claim.claim("forked", capacity=1, block_size=64)
     try:
         pid = os.fork()
         if pid == 0:  # the child: releasing must leave the parent's namespace alone
@@ -145,7 +145,7 @@ def test_forked_child_of_owner_removes_nothing(runtime_dir: Path):
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         assert claim.path.exists()
-        binding = registry.bind("forked")  # still owned and live
+        binding = _binding.bind("forked")  # still owned and live
         binding.close()
     finally:
         claim.release()
@@ -159,18 +159,18 @@ def test_leftovers_of_killed_claimants_are_swept(runtime_dir: Path):
         directory.mkdir()
         (directory / "registry").write_bytes(b"x")
     os.utime(stale_tmp, (0, 0))  # old enough not to be a claimant in progress
-    registry.claim("sweeper", capacity=1, block_size=64).release()
+    _claim.claim("sweeper", capacity=1, block_size=64).release()
     assert os.listdir(runtime_dir) == []
 
 
 def test_reclaim_false_names_a_dead_owner(runtime_dir: Path):
-    claim = registry.claim("dead", capacity=1, block_size=64)
+    claim = _claim.claim("dead", capacity=1, block_size=64)
     die(claim)
     with pytest.raises(DiscoveryNamespaceInUse) as info:
-        registry.claim("dead", capacity=1, block_size=64, reclaim=False)
+        _claim.claim("dead", capacity=1, block_size=64, reclaim=False)
     assert info.value.owner_pid is None and "dead" in str(info.value)
     assert info.value.path == str(claim.path)
-    successor = registry.claim("dead", capacity=1, block_size=64)
+    successor = _claim.claim("dead", capacity=1, block_size=64)
     successor.release()
     assert os.listdir(runtime_dir) == []
 
@@ -178,15 +178,15 @@ def test_reclaim_false_names_a_dead_owner(runtime_dir: Path):
 def test_dead_generations_of_other_namespaces_are_swept(runtime_dir: Path, monkeypatch):
     # A SIGKILLed pool's random namespace is never claimed again: the next claim of any
     # namespace removes it once its owner's lock is free.
-    abandoned = registry.claim("abandoned", capacity=1, block_size=64)
+    abandoned = _claim.claim("abandoned", capacity=1, block_size=64)
     die(abandoned)
-    live = registry.claim("live", capacity=1, block_size=64)  # swept just before the death
+    live = _claim.claim("live", capacity=1, block_size=64)  # swept just before the death
     try:
-        registry.claim("other", capacity=1, block_size=64).release()
+        _claim.claim("other", capacity=1, block_size=64).release()
         # Within SWEEP_INTERVAL of the last sweep, a claim's fast path sweeps nothing else.
         assert sorted(os.listdir(runtime_dir)) == sorted([abandoned.path.name, live.path.name])
-        monkeypatch.setattr(registry, "_last_sweep", -math.inf)  # the interval has passed
-        registry.claim("other", capacity=1, block_size=64).release()
+        monkeypatch.setattr(_claim, "_last_sweep", -math.inf)  # the interval has passed
+        _claim.claim("other", capacity=1, block_size=64).release()
         assert os.listdir(runtime_dir) == [live.path.name]
     finally:
         live.release()
@@ -202,7 +202,7 @@ def test_a_change_whose_writer_died_mid_commit_is_rolled_forward(monkeypatch):
             raise SystemExit("killed")
 
         with monkeypatch.context() as patch:
-            patch.setattr(registry.Table, "_apply", die)
+            patch.setattr(_layout.Table, "_apply", die)
             with pytest.raises(SystemExit):
                 binding.publish("worker-dropped", a, lease.id, lock_timeout=1)
         assert binding.snapshot()[0] == after_add  # not yet visible
@@ -213,8 +213,8 @@ def test_a_change_whose_writer_died_mid_commit_is_rolled_forward(monkeypatch):
 
 
 def test_reaper_removes_lease_files_of_dead_publishers_without_workers():
-    claim = registry.claim("leases", capacity=4, block_size=256)
-    binding = registry.bind("leases")
+    claim = _claim.claim("leases", capacity=4, block_size=256)
+    binding = _binding.bind("leases")
     try:
         dead = binding.open_lease()
         dead.forget()  # its publisher died holding no worker
@@ -234,14 +234,14 @@ def test_runtime_dir_writable_by_others_is_refused(tmp_path, monkeypatch):
     shared.chmod(0o777)
     monkeypatch.setenv("ANYWOOL_RUNTIME_DIR", str(shared))
     with pytest.raises(PermissionError, match="writable by others"):
-        registry.claim("jobs", capacity=1, block_size=64)
+        _claim.claim("jobs", capacity=1, block_size=64)
 
 
 def test_borrowers_never_create_the_runtime_dir(tmp_path, monkeypatch):
     missing = tmp_path / "missing"
     monkeypatch.setenv("ANYWOOL_RUNTIME_DIR", str(missing))
     with pytest.raises(DiscoveryNamespaceNotFound):
-        registry.bind("jobs")
+        _binding.bind("jobs")
     assert not missing.exists()
 
 
@@ -254,17 +254,17 @@ def _damage(path: Path, damage: str) -> None:
             file.write((2**31).to_bytes(4, "little"))
     else:  # the change counter at its maximum (it sits after the header's fixed fields)
         with open(path, "r+b") as file:
-            file.seek(registry._COUNTER_OFFSET)
+            file.seek(_layout.COUNTER_OFFSET)
             file.write((2**64 - 1).to_bytes(8, "little"))
 
 
 @pytest.mark.parametrize("damage", ["truncate", "huge-capacity"])
 def test_a_corrupt_registry_of_a_live_owner_is_reported_as_such(damage, runtime_dir: Path):
-    claim = registry.claim("corrupt", capacity=4, block_size=256)
+    claim = _claim.claim("corrupt", capacity=4, block_size=256)
     try:
         _damage(claim.path / "registry", damage)
         with pytest.raises(DiscoveryRegistryCorrupt) as info:
-            registry.bind("corrupt")
+            _binding.bind("corrupt")
         assert info.value.namespace == "corrupt"
         assert info.value.path == str(claim.path / "registry")
     finally:
@@ -284,25 +284,25 @@ def test_a_registry_damaged_under_a_binding_raises_typed_errors(damage, runtime_
 
 
 def test_a_corrupt_registry_of_a_dead_owner_reads_as_not_found(runtime_dir: Path):
-    claim = registry.claim("dead-corrupt", capacity=4, block_size=256)
+    claim = _claim.claim("dead-corrupt", capacity=4, block_size=256)
     path = claim.path
     _damage(path / "registry", "truncate")
     claim.close()  # the owner "dies": its lock goes, its files stay
     with pytest.raises(DiscoveryNamespaceNotFound):
-        registry.bind("dead-corrupt")
-    registry.claim("dead-corrupt", capacity=4, block_size=256).release()  # and is reclaimable
+        _binding.bind("dead-corrupt")
+    _claim.claim("dead-corrupt", capacity=4, block_size=256).release()  # and is reclaimable
 
 
 @pytest.mark.parametrize("obstacle", ["symlink", "file"])
 def test_something_else_at_a_namespace_path_is_replaced_by_a_claim(obstacle, runtime_dir: Path):
-    target = registry.namespace_path("blocked")
+    target = _keys.namespace_path("blocked")
     if obstacle == "symlink":
         target.symlink_to(runtime_dir)
     else:
         target.write_bytes(b"junk")
     with pytest.raises(DiscoveryNamespaceNotFound):
-        registry.bind("blocked")
-    claim = registry.claim("blocked", capacity=1, block_size=64)
+        _binding.bind("blocked")
+    claim = _claim.claim("blocked", capacity=1, block_size=64)
     assert claim.path.is_dir() and not claim.path.is_symlink()
     claim.release()
     assert os.listdir(runtime_dir) == []
@@ -310,8 +310,8 @@ def test_something_else_at_a_namespace_path_is_replaced_by_a_claim(obstacle, run
 
 FORK_SCENARIO = """
 import os
-from anywool.discovery import registry
-claim = registry.claim("fork-lock", capacity=1, block_size=64)
+from anywool.discovery.local import _binding, _claim, _keys, _layout
+claim = _claim.claim("fork-lock", capacity=1, block_size=64)
 read_end, write_end = os.pipe()
 pid = os.fork()
 if pid == 0:  # a long-lived child, e.g. a multiprocessing worker started with fork
@@ -320,7 +320,7 @@ if pid == 0:  # a long-lived child, e.g. a multiprocessing worker started with f
     os._exit(0)
 os.close(read_end)
 claim.forget()  # the owner's descriptors close, as at its death, while the child lives
-successor = registry.claim("fork-lock", capacity=1, block_size=64)
+successor = _claim.claim("fork-lock", capacity=1, block_size=64)
 successor.release()
 os.close(write_end)
 os.waitpid(pid, 0)
@@ -344,7 +344,7 @@ class Interrupted(BaseException):
     """Stands in for the cancellation a checkpoint raises in a worker thread."""
 
 
-def _hold_registry_lock(claim: registry.Claim) -> int:
+def _hold_registry_lock(claim: _claim.Claim) -> int:
     """Lock the registry through a descriptor of our own, as another process would."""
     fd = os.open(claim.path / "registry", os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -352,8 +352,8 @@ def _hold_registry_lock(claim: registry.Claim) -> int:
 
 
 def test_retire_that_times_out_writes_nothing_and_release_still_removes(runtime_dir: Path):
-    claim = registry.claim("wedged", capacity=1, block_size=64)
-    binding = registry.bind("wedged")
+    claim = _claim.claim("wedged", capacity=1, block_size=64)
+    binding = _binding.bind("wedged")
     holder = _hold_registry_lock(claim)
     try:
         with pytest.raises(TimeoutError, match="wedged"):
@@ -371,8 +371,8 @@ def test_retire_that_times_out_writes_nothing_and_release_still_removes(runtime_
 
 def test_release_whose_lock_wait_is_interrupted_still_retires_removes_and_reraises(
         runtime_dir: Path):
-    claim = registry.claim("interrupted", capacity=1, block_size=64)
-    binding = registry.bind("interrupted")
+    claim = _claim.claim("interrupted", capacity=1, block_size=64)
+    binding = _binding.bind("interrupted")
     holder = _hold_registry_lock(claim)
     calls = 0
 
@@ -395,8 +395,8 @@ def test_release_whose_lock_wait_is_interrupted_still_retires_removes_and_rerais
 
 
 def test_retired_claim_releases_without_taking_the_lock_again(runtime_dir: Path):
-    claim = registry.claim("retired", capacity=1, block_size=64)
-    binding = registry.bind("retired")
+    claim = _claim.claim("retired", capacity=1, block_size=64)
+    binding = _binding.bind("retired")
     try:
         claim.retire(lock_timeout=1)
         assert not binding.is_live()
@@ -436,7 +436,7 @@ def test_a_refresh_whose_writer_died_between_block_and_slot_reads_as_rolled_forw
         binding.publish("worker-added", a, lease.id, lock_timeout=1)
         counter, _ = binding.snapshot()
         refreshed = worker(uid=a.uid, extra={"size": "a good deal larger than before" * 3})
-        real_pwrite = registry.os.pwrite
+        real_pwrite = os.pwrite
         writes: list[int] = []
 
         def die_after_the_block(fd, data, offset):  # the writer dies between block and slot
@@ -447,11 +447,11 @@ def test_a_refresh_whose_writer_died_between_block_and_slot_reads_as_rolled_forw
             return real_pwrite(fd, data, offset)
 
         with monkeypatch.context() as patch:
-            patch.setattr(registry.os, "pwrite", die_after_the_block)
+            patch.setattr(os, "pwrite", die_after_the_block)
             with pytest.raises(SystemExit):
                 binding.publish("worker-added", refreshed, lease.id, lock_timeout=1)
         assert writes  # the block was written, the slot was not
-        fresh = registry.bind("torn-refresh")
+        fresh = _binding.bind("torn-refresh")
         try:
             seen_counter, view = fresh.snapshot()
             assert seen_counter == counter
@@ -487,24 +487,24 @@ def test_a_block_of_well_formed_msgpack_with_fields_of_the_wrong_kind_is_unreada
         table = binding.table
         os.pwrite(binding.registry_fd, forged, table.blocks_offset + table.block_size)
         os.pwrite(binding.registry_fd, len(forged).to_bytes(4, "little"),
-                  registry._HEADER_SPACE + registry._SLOT.size + 40)  # the slot's payload length
+                  _layout.HEADER_SPACE + _layout.SLOT.size + 40)  # the slot's payload length
         _, view = binding.snapshot()
         assert list(view) == [good.uid] and binding.unreadable_blocks == 1
 
 
 def test_try_claim_gives_way_to_any_generation_and_leaves_nothing(runtime_dir: Path):
-    claim = registry.claim("taken", capacity=1, block_size=64)
+    claim = _claim.claim("taken", capacity=1, block_size=64)
     try:
-        assert registry.try_claim("taken", capacity=1, block_size=64) is None
+        assert _claim.try_claim("taken", capacity=1, block_size=64) is None
         assert os.listdir(runtime_dir) == [claim.path.name]
         die(claim)  # a dead owner's generation: try_claim does not judge, claim does
-        assert registry.try_claim("taken", capacity=1, block_size=64) is None
+        assert _claim.try_claim("taken", capacity=1, block_size=64) is None
         assert os.listdir(runtime_dir) == [claim.path.name]
-        registry.claim("taken", capacity=1, block_size=64).release()
+        _claim.claim("taken", capacity=1, block_size=64).release()
     finally:
         claim.release()
     assert os.listdir(runtime_dir) == []
-    fresh = registry.try_claim("free", capacity=1, block_size=64)
+    fresh = _claim.try_claim("free", capacity=1, block_size=64)
     assert fresh is not None and fresh.try_release()
     assert os.listdir(runtime_dir) == []
 
@@ -531,7 +531,7 @@ def test_no_space_for_a_block_fails_the_publish_before_anything_is_written(monke
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
         with monkeypatch.context() as patch:
-            patch.setattr(registry.os, "posix_fallocate", no_space)
+            patch.setattr(os, "posix_fallocate", no_space)
             with pytest.raises(OSError) as info:
                 binding.publish("worker-added", worker(), lease.id, lock_timeout=1)
         assert info.value.errno == errno.ENOSPC
@@ -541,10 +541,10 @@ def test_no_space_for_a_block_fails_the_publish_before_anything_is_written(monke
 
 
 def test_a_fresh_registry_reserves_only_its_header_and_slots():
-    claim = registry.claim("sparse", capacity=128, block_size=1024)
+    claim = _claim.claim("sparse", capacity=128, block_size=1024)
     try:
         info = os.fstat(claim.registry_fd)
-        assert info.st_size == registry.registry_size(128, 1024)
+        assert info.st_size == _layout.registry_size(128, 1024)
         assert info.st_blocks * 512 < claim.table.journal_offset + 8192  # journal, blocks: not yet
     finally:
         claim.release()

@@ -7,7 +7,7 @@ import traceback
 
 import pytest
 
-from anywool.runtime.serializer import (
+from anywool.runtime._serializer import (
     SerializationWarning,
     dumps,
     dumps_exception,

@@ -14,7 +14,8 @@ import anyio
 import pytest
 
 from anywool import DiscoveryNamespaceNotFound, LocalDiscovery, afilter
-from anywool.discovery import hub, registry
+from anywool.discovery import _hub
+from anywool.discovery.local import _keys
 
 from ..helpers import DescriptorTraps, follow, take, wait_until, worker
 
@@ -24,13 +25,13 @@ pytestmark = pytest.mark.anyio
 def source_threads(*namespaces: str) -> list[threading.Thread]:
     """Source threads of these namespaces (other tests' abandoned iterations may still be
     waiting for their event loop to finalize them)."""
-    names = {f"anywool-source-{registry.namespace_key(n)}" for n in namespaces}
+    names = {f"anywool-source-{_keys.namespace_key(n)}" for n in namespaces}
     return [t for t in threading.enumerate() if t.name in names]
 
 
 def sources(*namespaces: str) -> dict:
-    keys = {registry.namespace_key(n) for n in namespaces}
-    return {key: value for key, value in hub.stats().items() if key[0] in keys}
+    keys = {_keys.namespace_key(n) for n in namespaces}
+    return {key: value for key, value in _hub.stats().items() if key[0] in keys}
 
 
 def open_fds() -> int:
@@ -148,8 +149,8 @@ async def test_a_consumer_that_stops_reading_is_resynchronised_with_the_net_chan
                     await publisher.publish("worker-updated", updated)
                     final[updated.uid] = updated
                     changes += 3
-                source = hub._hub.sources[(registry.namespace_key(namespace), hub.DEFAULT_POLL_INTERVAL)]
-                assert all(c.queued <= hub.CONSUMER_BUFFER for c in source.consumers)
+                source = _hub._hub.sources[(_keys.namespace_key(namespace), _hub.DEFAULT_POLL_INTERVAL)]
+                assert all(c.queued <= _hub.CONSUMER_BUFFER for c in source.consumers)
                 # The stalled consumer catches up with the net change and nothing else.
                 caught_up = 0
                 while set(view) != set(final) or not all(
@@ -350,7 +351,7 @@ async def test_a_source_that_dies_fails_its_iterations_and_never_writes_to_a_clo
             async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
                 await publisher.publish("worker-added", first := worker())
                 with pytest.MonkeyPatch.context() as patch:
-                    patch.setattr(hub.select, "poll", _DyingPoller)
+                    patch.setattr(_hub.select, "poll", _DyingPoller)
                     async with aclosing(aiter(LocalDiscovery.Subscriber(namespace))) as events:
                         assert (await anext(events)).metadata.uid == first.uid
                         with pytest.raises(RuntimeError, match="discovery source .* failed") as info:
@@ -400,11 +401,11 @@ async def test_a_detach_a_finalizer_had_to_defer_is_done_by_the_source_thread(na
             subscriber = LocalDiscovery.Subscriber(namespace, poll_interval=0.05)
             iteration = aiter(subscriber)
             await anext(iteration)
-            source = hub._hub.sources[(registry.namespace_key(namespace), 0.05)]
-            lock = hub._hub.lock if busy == "hub" else source.lock
+            source = _hub._hub.sources[(_keys.namespace_key(namespace), 0.05)]
+            lock = _hub._hub.lock if busy == "hub" else source.lock
             with lock:  # as another thread holding it at that instant would
                 del iteration
-            assert len(hub._hub.deferred) == 1
+            assert len(_hub._hub.deferred) == 1
             await wait_until(lambda: _source_threads_and_descriptors()[0] == baseline,
                              "the deferred detach and the source's end", timeout=5)
-            assert sources(namespace) == {} and not hub._hub.deferred
+            assert sources(namespace) == {} and not _hub._hub.deferred

@@ -7,7 +7,7 @@ import struct
 import anyio
 import pytest
 
-from anywool.runtime.wire import Frame, FrameError, FrameStream, Kind, encode
+from anywool.runtime._wire import Frame, FrameError, FrameStream, Kind, encode
 
 pytestmark = pytest.mark.anyio
 

@@ -1,8 +1,7 @@
 """Discovery: how workers announce themselves and how pools find them."""
 
-from anywool.discovery.filter import afilter
-from anywool.discovery.local import LocalDiscovery
-from anywool.discovery.protocols import (
+from anywool.discovery._filter import afilter
+from anywool.discovery._protocols import (
     Discovery,
     DiscoveryEvent,
     DiscoveryEventType,
@@ -11,6 +10,7 @@ from anywool.discovery.protocols import (
     DiscoverySubscriberLike,
     PredicateFunction,
 )
+from anywool.discovery.local import LocalDiscovery
 
 __all__ = [
     "Discovery",

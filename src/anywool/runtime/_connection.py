@@ -24,9 +24,12 @@ import anyio
 from anyio.abc import ByteStream, TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from anywool._address import Address
+from anywool._owner import SingleUse, exit_task_group
 from anywool.errors import PayloadTooLarge, WorkerError
-from anywool.runtime import serializer
-from anywool.runtime.wire import (
+from anywool.runtime import _serializer as serializer
+from anywool.runtime._peer import PEER_GONE
+from anywool.runtime._wire import (
     DEFAULT_MAX_FRAME_SIZE,
     Frame,
     FrameError,
@@ -34,8 +37,6 @@ from anywool.runtime.wire import (
     Kind,
     payload_limit,
 )
-
-__all__ = ["CallNotDelivered", "WorkerConnection", "connect_stream", "drive_stream"]
 
 log = logging.getLogger(__name__)
 
@@ -49,18 +50,18 @@ class CallNotDelivered(WorkerError):
     so it certainly did not run and may be retried on another worker."""
 
 
-async def connect_stream(address: str) -> ByteStream:
-    """Open a byte stream to ``address`` (``"unix:/path"`` or ``"host:port"``).
+async def connect_stream(address: Address) -> ByteStream:
+    """Open a byte stream to ``address``.
 
     :raises OSError: the connection failed.
     """
-    if address.startswith("unix:"):
-        return await anyio.connect_unix(address[len("unix:") :])
-    host, _, port = address.rpartition(":")
-    return await anyio.connect_tcp(host.strip("[]"), int(port))
+    if address.path is not None:
+        return await anyio.connect_unix(address.path)
+    assert address.host is not None and address.port is not None
+    return await anyio.connect_tcp(address.host, address.port)
 
 
-class WorkerConnection:
+class WorkerConnection(SingleUse):
     """One connection to one worker, shared by any number of concurrent calls.
 
     :param address: the worker's address, ``"unix:/path"`` or ``"host:port"``.
@@ -91,7 +92,6 @@ class WorkerConnection:
         self._cancel_timeout = cancel_timeout
         self._max_frame_size = max_frame_size
         self._on_lost = on_lost
-        self._entered = False
         self._stream: ByteStream | None = None
         self._frames: FrameStream | None = None
         self._task_group: TaskGroup | None = None
@@ -107,17 +107,15 @@ class WorkerConnection:
         return self._failure is not None
 
     async def __aenter__(self) -> WorkerConnection:
-        if self._entered:
-            raise RuntimeError("a WorkerConnection is single-use")
-        self._entered = True
+        self._enter_once()
         try:
             with anyio.fail_after(self._connect_timeout):
-                self._stream = await connect_stream(self.address)
+                self._stream = await connect_stream(Address.parse(self.address))
         except TimeoutError:
             raise WorkerError(
                 self.address, f"could not connect within {self._connect_timeout} seconds"
             ) from None
-        except (OSError, ValueError) as exc:  # ValueError: e.g. a host name IDNA refuses
+        except (OSError, ValueError) as exc:  # ValueError: malformed, or a host IDNA refuses
             raise WorkerError(self.address, f"could not connect: {exc!r}") from exc
         self._frames = FrameStream(self._stream, self._stream, max_frame_size=self._max_frame_size)
         task_group = self._task_group = anyio.create_task_group()
@@ -138,9 +136,7 @@ class WorkerConnection:
             with anyio.CancelScope(shield=True):
                 await self._close_stream()
         finally:
-            if task_group is not None:
-                task_group.cancel_scope.cancel()
-                await task_group.__aexit__(None, None, None)
+            await exit_task_group(task_group)
 
     async def _close_stream(self) -> None:
         """End the stream so that the reader ends by itself (see :meth:`_read`): half-close,
@@ -152,7 +148,7 @@ class WorkerConnection:
             with anyio.move_on_after(_CLOSE_TIMEOUT):
                 try:
                     await stream.send_eof()
-                except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                except PEER_GONE:
                     pass
                 else:
                     await self._reader_done.wait()
@@ -173,10 +169,10 @@ class WorkerConnection:
             pass
         except FrameError as exc:
             reason = str(exc)
-        except (OSError, anyio.BrokenResourceError) as exc:
-            reason = f"connection failed: {exc!r}"
         except anyio.ClosedResourceError:
             reason = "the connection was closed"
+        except PEER_GONE as exc:
+            reason = f"connection failed: {exc!r}"
         finally:
             assert self._reader_done is not None
             self._reader_done.set()
@@ -231,7 +227,7 @@ class WorkerConnection:
         for call_id in list(self._calls):
             try:
                 await frames.send(Frame(Kind.CANCEL, call_id))
-            except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            except PEER_GONE:
                 return
 
     # -- calls -------------------------------------------------------------------------------
@@ -251,7 +247,7 @@ class WorkerConnection:
         try:
             try:
                 await self._frames.send(Frame(Kind.CALL, call_id, payload))
-            except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            except PEER_GONE as exc:
                 self._fail(f"connection failed: {exc!r}")
                 raise CallNotDelivered(self.address, f"could not send the call: {exc!r}") from exc
             try:
@@ -365,7 +361,7 @@ class _Call:
         assert frames is not None
         try:
             await frames.send(Frame(kind, self.id, payload))
-        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+        except PEER_GONE as exc:
             self.finished = True
             raise WorkerError(self.connection.address, f"connection failed: {exc!r}") from exc
 

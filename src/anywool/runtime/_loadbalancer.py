@@ -1,7 +1,7 @@
 """Load balancers: which admitted worker takes the next call.
 
 A balancer only chooses and retries; it never opens connections (the proxy owns them) and never
-retries a call a worker may have started: only :class:`~anywool.runtime.connection.CallNotDelivered`
+retries a call a worker may have started: only :class:`~anywool.lowlevel.CallNotDelivered`
 moves a call to the next worker.
 """
 
@@ -12,9 +12,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 from anywool.errors import NoWorkersAvailable
 from anywool.metadata import WorkerMetadata
-from anywool.runtime.connection import CallNotDelivered, WorkerConnection
-
-__all__ = ["LoadBalancerLike", "RoundRobinLoadBalancer"]
+from anywool.runtime._connection import CallNotDelivered, WorkerConnection
 
 T = TypeVar("T")
 
@@ -32,7 +30,7 @@ class LoadBalancerLike(Protocol):
 
         :param workers: the admitted workers with an open connection, in admission order.
         :param send: delivers the call over a connection; raises
-            :class:`~anywool.runtime.connection.CallNotDelivered` when that worker did not take it.
+            :class:`~anywool.lowlevel.CallNotDelivered` when that worker did not take it.
         :raises NoWorkersAvailable: no worker took the call.
         """
         ...
@@ -43,7 +41,7 @@ class RoundRobinLoadBalancer:
 
     A worker that refuses a call (it is stopping) or whose connection is broken is skipped and the
     next one tried, each worker at most once per call. Exceptions other than
-    :class:`~anywool.runtime.connection.CallNotDelivered` (the routine's own, a connection lost
+    :class:`~anywool.lowlevel.CallNotDelivered` (the routine's own, a connection lost
     mid-call, cancellation) propagate unchanged.
     """
 

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 from uuid import UUID
 
-from anywool.discovery.protocols import DiscoveryEvent, DiscoverySubscriberLike, PredicateFunction
+from anywool.discovery import _view
+from anywool.discovery._protocols import DiscoveryEvent, DiscoverySubscriberLike, PredicateFunction
 from anywool.metadata import WorkerMetadata
 
-__all__ = ["afilter"]
 
 
 class afilter:
@@ -56,15 +56,10 @@ class afilter:
     def _admit(self, admitted: dict[UUID, WorkerMetadata],
                event: DiscoveryEvent) -> list[DiscoveryEvent]:
         uid = event.metadata.uid
-        known = admitted.get(uid)
-        if event.type != "worker-dropped" and self.predicate(event.metadata):
-            admitted[uid] = event.metadata
-            return [DiscoveryEvent("worker-added" if known is None else "worker-updated",
-                                   event.metadata)]
-        if known is not None:
-            del admitted[uid]
-            return [DiscoveryEvent("worker-dropped", known)]
-        return []
+        passes = event.type != "worker-dropped" and self.predicate(event.metadata)
+        events = _view.replay(admitted, [(uid, event.metadata if passes else None)])
+        _view.apply(admitted, events)
+        return events
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (afilter, (self.predicate, self.subscriber))

@@ -49,12 +49,13 @@ from typing import Any
 import anyio
 from anyio.abc import ByteStream, Listener, TaskGroup
 
+from anywool._address import Address
 from anywool.errors import PayloadTooLarge, RoutineCancelled
-from anywool.runtime import _socket_dir, serializer
-from anywool.runtime.routine import routine_body
-from anywool.runtime.wire import Frame, FrameError, FrameStream, Kind, payload_limit
-
-__all__ = ["SYS_PATH_ENV", "main"]
+from anywool.runtime import _serializer as serializer
+from anywool.runtime import _socket_dir
+from anywool.runtime._peer import PEER_GONE, PEER_HUNG_UP
+from anywool.runtime._routine import routine_body
+from anywool.runtime._wire import Frame, FrameError, FrameStream, Kind, payload_limit
 
 log = logging.getLogger("anywool.worker")
 
@@ -145,7 +146,7 @@ class _Worker:
         for stream in list(self.connections):
             try:
                 await stream.send_eof()
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            except PEER_GONE:
                 pass
         with anyio.move_on_after(linger):
             while self.connections:
@@ -175,7 +176,7 @@ class _Worker:
                 while True:
                     frame = await frames.receive()
                     self._route(frame, frames, calls, tg)
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            except PEER_HUNG_UP:
                 pass
             except (FrameError, OSError) as exc:
                 log.warning("dropping a connection: %s", exc)
@@ -211,7 +212,7 @@ class _Worker:
     ) -> None:
         try:
             await self._execute(frames, call, payload)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        except PEER_GONE:
             pass  # the client is gone; its connection handler cancels the rest
         except anyio.get_cancelled_exc_class():
             # The worker is stopping or the connection closed: tell the client, then unwind.
@@ -326,7 +327,7 @@ class _Worker:
     async def _reply_cancelled(self, frames: FrameStream, call: _ServerCall) -> None:
         try:
             await self._reply_exception(frames, call, RoutineCancelled(call.name, self.address))
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        except PEER_GONE:
             pass  # the client is gone; nobody to tell
 
     # -- control -------------------------------------------------------------------------------
@@ -358,8 +359,8 @@ class _Worker:
 
 
 async def _open_listener(
-    address: str | None, home: Path | None
-) -> tuple[Listener[Any], str, _socket_dir.Home | None, Path | None]:
+    address: Address | None, home: Path | None
+) -> tuple[Listener[Any], Address, _socket_dir.Home | None, Path | None]:
     """(listener, announced address, the socket's locked home if any, a bare socket path)."""
     if address is None:
         owned = _socket_dir.Home(home or _socket_dir.choose())
@@ -368,13 +369,13 @@ async def _open_listener(
         except BaseException:
             owned.remove()
             raise
-        return listener, f"unix:{owned.socket}", owned, None
-    if address.startswith("unix:"):
-        path = Path(address[len("unix:") :])
+        return listener, Address.unix(owned.socket), owned, None
+    if address.path is not None:
+        path = Path(address.path)
         listener = await anyio.create_unix_listener(path, mode=0o600)
         return listener, address, None, path
     raise SystemExit(
-        f"anywool.worker: refusing to listen on {address!r}: TCP listeners need peer "
+        f"anywool.worker: refusing to listen on {str(address)!r}: TCP listeners need peer "
         "authentication (mutual TLS or an HMAC challenge), which is not implemented yet; "
         "use a unix: address"
     )
@@ -400,7 +401,7 @@ def _exit_when_orphaned(cleanup: Callable[[], None]) -> None:
 async def _refuse(frames: FrameStream, call_id: int) -> None:
     try:
         await frames.send(Frame(Kind.NACK, call_id))
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+    except PEER_GONE:
         pass  # half-closed or gone: the client reads end-of-stream, "not delivered", instead
 
 
@@ -411,7 +412,7 @@ async def _accept(scope: anyio.CancelScope, listener: Listener[Any],
         await listener.serve(handler, task_group=handlers)
 
 
-async def serve(address: str | None = None, home: Path | None = None) -> None:
+async def serve(address: Address | None = None, home: Path | None = None) -> None:
     """Listen, announce the address on stdout, serve until stopped, clean up."""
     listener, announced, owned, path = await _open_listener(address, home)
 
@@ -424,7 +425,7 @@ async def serve(address: str | None = None, home: Path | None = None) -> None:
     if not os.isatty(sys.stdin.fileno()):
         threading.Thread(target=_exit_when_orphaned, args=(remove_socket,), daemon=True,
                          name="anywool-orphan-watchdog").start()
-    worker = _Worker(announced)
+    worker = _Worker(str(announced))
     try:
         async with anyio.create_task_group() as main_tg:
             main_tg.start_soon(worker.watch_stdin)
@@ -432,7 +433,7 @@ async def serve(address: str | None = None, home: Path | None = None) -> None:
             async with anyio.create_task_group() as serving:
                 accepting = anyio.CancelScope()
                 serving.start_soon(_accept, accepting, listener, worker.handle, serving)
-                sys.stdout.write(announced + "\n")
+                sys.stdout.write(f"{announced}\n")
                 sys.stdout.flush()
                 os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # later output → stderr
                 await worker.stop.requested.wait()
@@ -458,12 +459,20 @@ def _apply_parent_environment() -> None:
         sys.path[:] = parent + [p for p in sys.path if p not in parent]
 
 
+def _bind_address(text: str) -> Address:
+    try:
+        return Address.parse(text, bind=True)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m anywool.worker``."""
     parser = argparse.ArgumentParser(prog="python -m anywool.worker")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
     parser.add_argument(
-        "--address", default=None, help="unix:/path (default: a socket in the runtime dir)"
+        "--address", default=None, type=_bind_address,
+        help="unix:/path (default: a socket in the runtime dir)"
     )
     parser.add_argument(
         "--home", default=None, type=Path,

@@ -22,14 +22,6 @@ from typing import Any
 import cloudpickle
 from tblib import pickling_support
 
-__all__ = [
-    "SerializationWarning",
-    "dumps",
-    "dumps_exception",
-    "loads",
-    "loads_exception",
-]
-
 # Markers stored beside a pickled exception: how faithful the copy is.
 _EXACT = 0
 _REBUILT = 1

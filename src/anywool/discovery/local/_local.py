@@ -10,9 +10,10 @@ Roles:
   current workers as ``worker-added``, then every change.
 
 Borrowers never create anything: with no live owner they raise
-:class:`~anywool.errors.DiscoveryNamespaceNotFound`. The file-system work lives in
-:mod:`anywool.discovery.registry` and runs in worker threads; the shared subscription machinery
-lives in :mod:`anywool.discovery.hub`.
+:class:`~anywool.errors.DiscoveryNamespaceNotFound`. The file-system work lives in the sibling
+modules (see the package's docstring); it runs in the event loop on a memory file system when
+nothing on the way can wait, in a worker thread otherwise. The shared subscription machinery
+lives in :mod:`anywool.discovery._hub`.
 """
 
 from __future__ import annotations
@@ -29,12 +30,13 @@ import anyio.from_thread
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
-from anywool import _validate
-from anywool import _runtime_dir
+from anywool import _runtime_dir, _validate
+from anywool._owner import SingleUse, exit_task_group
 from anywool._teardown import graceful_then_forceful
-from anywool.discovery import hub, registry
-from anywool.discovery.filter import afilter
-from anywool.discovery.protocols import (
+from anywool.discovery import _hub
+from anywool.discovery.local import _binding, _claim, _layout
+from anywool.discovery._filter import afilter
+from anywool.discovery._protocols import (
     EVENT_TYPES,
     Discovery,
     DiscoveryEvent,
@@ -45,8 +47,6 @@ from anywool.discovery.protocols import (
 from anywool.errors import DiscoveryError, DiscoveryNamespaceNotFound
 from anywool.metadata import WorkerMetadata
 
-__all__ = ["LocalDiscovery"]
-
 log = logging.getLogger(__name__)
 
 
@@ -56,7 +56,7 @@ def _check_namespace(namespace: object) -> str:
     return namespace
 
 
-class LocalDiscovery(Discovery):
+class LocalDiscovery(Discovery, SingleUse):
     """Own a discovery namespace on this host for the lifetime of an ``async with`` block.
 
     Entering claims the namespace atomically across processes: exactly one of any number of
@@ -110,13 +110,13 @@ class LocalDiscovery(Discovery):
         if filter is not None and not callable(filter):
             raise TypeError(f"filter must be callable or None, got {filter!r}")
         self._filter = filter
-        self._capacity = _validate.count("capacity", capacity, upper=registry.MAX_CAPACITY)
-        self._block_size = _validate.count("block_size", block_size, upper=registry.MAX_BLOCK_SIZE)
-        size = registry.registry_size(self._capacity, self._block_size)
-        if size > registry.MAX_REGISTRY_BYTES:
+        self._capacity = _validate.count("capacity", capacity, upper=_layout.MAX_CAPACITY)
+        self._block_size = _validate.count("block_size", block_size, upper=_layout.MAX_BLOCK_SIZE)
+        size = _layout.registry_size(self._capacity, self._block_size)
+        if size > _layout.MAX_REGISTRY_BYTES:
             raise ValueError(
                 f"a registry of capacity={capacity} and block_size={block_size} takes {size} "
-                f"bytes (slots, journal and blocks); at most {registry.MAX_REGISTRY_BYTES} are "
+                f"bytes (slots, journal and blocks); at most {_layout.MAX_REGISTRY_BYTES} are "
                 "allowed"
             )
         self._lock_timeout = _validate.seconds("lock_timeout", lock_timeout, allow_zero=True, optional=True)
@@ -129,8 +129,7 @@ class LocalDiscovery(Discovery):
                                                  floor=_validate.MIN_INTERVAL)
         self._teardown_timeout = _validate.duration("teardown_timeout", teardown_timeout,
                                                     allow_zero=True)
-        self._entered = False
-        self._claim: registry.Claim | None = None
+        self._claim: _claim.Claim | None = None
         self._task_group: TaskGroup | None = None
 
     @property
@@ -181,18 +180,16 @@ class LocalDiscovery(Discovery):
         :raises RuntimeError: this instance was entered before.
         :raises OSError: the registry could not be created; nothing is left behind.
         """
-        if self._entered:
-            raise RuntimeError("a LocalDiscovery instance is single-use; create a new one")
-        self._entered = True
+        self._enter_once()
         claim = None
-        if _runtime_dir.in_memory() and not registry.sweep_due():
+        if _runtime_dir.in_memory() and not _claim.sweep_due():
             # Every call returns at once: no thread hop. Once in SWEEP_INTERVAL, the claim
             # takes the thread path, which also sweeps what dead processes left behind.
-            claim = registry.try_claim(self._namespace, capacity=self._capacity,
+            claim = _claim.try_claim(self._namespace, capacity=self._capacity,
                                        block_size=self._block_size)
         if claim is None:  # taken (by a live or a dead owner), or on a disk: may wait
             claim = await anyio.to_thread.run_sync(
-                lambda: registry.claim(self._namespace, capacity=self._capacity,
+                lambda: _claim.claim(self._namespace, capacity=self._capacity,
                                        block_size=self._block_size, reclaim=self._reclaim))
         self._claim = claim
         try:
@@ -232,9 +229,7 @@ class LocalDiscovery(Discovery):
         claim, task_group = self._claim, self._task_group
         self._claim = self._task_group = None
         try:
-            if task_group is not None:
-                task_group.cancel_scope.cancel()
-                await task_group.__aexit__(None, None, None)
+            await exit_task_group(task_group)
         finally:
             if claim is not None and not self._released_in_loop(claim):
                 # Not done in the loop at once (a writer holds the registry lock, or the
@@ -255,7 +250,7 @@ class LocalDiscovery(Discovery):
                 )
         return None
 
-    def _released_in_loop(self, claim: registry.Claim) -> bool:
+    def _released_in_loop(self, claim: _claim.Claim) -> bool:
         """Release at once, in the loop, when that cannot wait on anything."""
         if not _runtime_dir.in_memory():
             return False
@@ -266,10 +261,10 @@ class LocalDiscovery(Discovery):
                         exc_info=True)
             return claim.released
 
-    def _release(self, claim: registry.Claim) -> None:
+    def _release(self, claim: _claim.Claim) -> None:
         claim.release(self._lock_timeout, anyio.from_thread.check_cancelled)
 
-    async def _reap_forever(self, claim: registry.Claim) -> None:
+    async def _reap_forever(self, claim: _claim.Claim) -> None:
         last_failure: str | None = None
         while True:
             await anyio.sleep(self._reap_interval)
@@ -284,7 +279,7 @@ class LocalDiscovery(Discovery):
                 last_failure = None
 
     @staticmethod
-    def _reap(claim: registry.Claim) -> None:
+    def _reap(claim: _claim.Claim) -> None:
         claim.reap(checkpoint=anyio.from_thread.check_cancelled)  # stops with the task group
 
     def __repr__(self) -> str:
@@ -292,7 +287,7 @@ class LocalDiscovery(Discovery):
 
     # -- borrowers ----------------------------------------------------------------------------
 
-    class Publisher:
+    class Publisher(SingleUse):
         """Borrow a namespace to announce workers in it.
 
         Entering binds the live owner's registry and takes a lease (a locked file that tells the
@@ -319,7 +314,6 @@ class LocalDiscovery(Discovery):
             self.lock_timeout = _validate.seconds("lock_timeout", lock_timeout, allow_zero=True, optional=True)
             self.teardown_timeout = _validate.duration("teardown_timeout", teardown_timeout,
                                                        allow_zero=True)
-            self._entered = False
             self._held: _Held | None = None
             # Concurrent publishes share one binding; held only across bookkeeping and file
             # calls that never wait on another process.
@@ -332,9 +326,7 @@ class LocalDiscovery(Discovery):
             :raises DiscoveryNamespaceNotFound: no live owner holds it (nothing is created).
             :raises RuntimeError: this publisher was entered before.
             """
-            if self._entered:
-                raise RuntimeError("a LocalDiscovery.Publisher is single-use; create a new one")
-            self._entered = True
+            self._enter_once()
             await anyio.to_thread.run_sync(self._bind_first)
             return self
 
@@ -398,7 +390,7 @@ class LocalDiscovery(Discovery):
         _released = False
 
         def _bind(self) -> _Held:
-            binding = registry.bind(self.namespace)
+            binding = _binding.bind(self.namespace)
             try:
                 lease = binding.open_lease()
             except BaseException:
@@ -521,9 +513,9 @@ class LocalDiscovery(Discovery):
                                                 floor=_validate.MIN_INTERVAL)
 
         def __aiter__(self) -> AsyncIterator[DiscoveryEvent]:
-            interval = hub.DEFAULT_POLL_INTERVAL if self.poll_interval is None \
+            interval = _hub.DEFAULT_POLL_INTERVAL if self.poll_interval is None \
                 else self.poll_interval
-            return hub.iterate(self.namespace, interval)
+            return _hub.iterate(self.namespace, interval)
 
         def __reduce__(self) -> tuple[Any, ...]:
             return (_make_subscriber, (self.namespace, self.poll_interval))
@@ -550,7 +542,7 @@ class _Held:
     descriptor, whose number another file may already have taken.
     """
 
-    def __init__(self, binding: registry.Binding, lease: registry.Lease) -> None:
+    def __init__(self, binding: _binding.Binding, lease: _binding.Lease) -> None:
         self.binding = binding
         self.lease = lease
         self.users = 0

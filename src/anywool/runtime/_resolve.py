@@ -24,7 +24,7 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager, Asyn
 from types import TracebackType
 from typing import Any, Generic, TypeAlias, TypeVar, Union, overload
 
-__all__ = ["Factory", "expected_names", "is_context_manager", "is_factory", "resolve", "resolved"]
+from anywool._owner import SingleUse
 
 T = TypeVar("T")
 D = TypeVar("D")
@@ -95,7 +95,10 @@ async def resolve(
     raise TypeError(f"factory {factory!r} nests more than {_MAX_DEPTH} levels of factories")
 
 
-class _Resolved(Generic[T]):
+class _Resolved(SingleUse, Generic[T]):
+    _single_use_name = "resolved() context"
+    _single_use_instead = "call resolved() again"
+
     def __init__(
         self,
         dependency: object,
@@ -108,12 +111,9 @@ class _Resolved(Generic[T]):
         self._expect = expect
         self._is_value = is_value
         self._stack: AsyncExitStack | None = None
-        self._entered = False
 
     async def __aenter__(self) -> T:
-        if self._entered:
-            raise RuntimeError("a resolved() context is single-use; call resolved() again")
-        self._entered = True
+        self._enter_once()
         stack = AsyncExitStack()
         await stack.__aenter__()
         try:

@@ -27,13 +27,14 @@ from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from anywool import _validate
+from anywool._address import Address
+from anywool._owner import SingleUse
 from anywool._teardown import graceful_then_forceful
 from anywool.errors import WorkerError
 from anywool.metadata import WorkerMetadata
 from anywool.runtime import _socket_dir
-from anywool.runtime.worker import SYS_PATH_ENV
-
-__all__ = ["LocalWorker", "current_backend"]
+from anywool.runtime._peer import PEER_GONE
+from anywool.runtime._worker import SYS_PATH_ENV
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def _version() -> str:
         return "0+unknown"
 
 
-class LocalWorker:
+class LocalWorker(SingleUse):
     """A worker process on this host, alive for the duration of an ``async with`` block.
 
     :param backend: ``"asyncio"`` or ``"trio"``, the event loop the worker runs; ``None`` picks
@@ -98,7 +99,6 @@ class LocalWorker:
                                                    allow_zero=False)
         self._shutdown_timeout = _validate.duration("shutdown_timeout", shutdown_timeout,
                                                     allow_zero=True)
-        self._entered = False
         self._process: Process | None = None
         self._metadata: WorkerMetadata | None = None
         self._home: Path | None = None
@@ -122,9 +122,7 @@ class LocalWorker:
         return self.metadata.address
 
     async def __aenter__(self) -> LocalWorker:
-        if self._entered:
-            raise RuntimeError("a LocalWorker is single-use")
-        self._entered = True
+        self._enter_once()
         backend = self._backend or current_backend()
         package_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
@@ -181,10 +179,12 @@ class LocalWorker:
                 f"pid {process.pid}",
                 f"exited (code {process.returncode}) before reporting its address; see its stderr",
             ) from None
-        address = line.decode(errors="replace").strip()
-        if not (address.startswith("unix:/") or ":" in address):
-            raise WorkerError(f"pid {process.pid}", f"reported a malformed address {address!r}")
-        return address
+        text = line.decode(errors="replace").strip()
+        try:
+            return str(Address.parse(text))
+        except ValueError as exc:
+            raise WorkerError(f"pid {process.pid}", f"reported a malformed address: {exc}") \
+                from None
 
     async def wait(self) -> int:
         """Wait until the worker process exits, however it ends, and return its exit code.
@@ -265,7 +265,7 @@ class LocalWorker:
         try:
             with anyio.move_on_after(1.0):
                 await process.stdin.send(f"stop {grace!r}\n".encode())
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        except PEER_GONE:
             pass  # already exiting
 
     def _remove_socket(self) -> None:

@@ -2,7 +2,7 @@
 
 The proxy is an owner. Its task group holds the *sentinel* (the one task iterating the
 subscriber) and one task per admitted worker, which connects to that worker and keeps a
-:class:`~anywool.runtime.connection.WorkerConnection` open until the worker is dropped or the
+:class:`~anywool.lowlevel.WorkerConnection` open until the worker is dropped or the
 proxy exits, reconnecting with backoff when the connection is lost while the worker is still
 announced; every connection is entered and exited in that one task. Callers only send frames and
 read their call's memory stream.
@@ -26,16 +26,14 @@ import anyio
 from anyio.abc import TaskGroup
 
 from anywool import _validate
-from anywool.discovery.filter import afilter
-from anywool.discovery.protocols import DiscoveryEvent, DiscoverySubscriberLike
+from anywool._owner import SingleUse, exit_task_group
+from anywool.discovery import DiscoveryEvent, DiscoverySubscriberLike, afilter
 from anywool.errors import NoWorkersAvailable, WorkerError
 from anywool.metadata import WorkerMetadata
-from anywool.runtime.connection import WorkerConnection, _Call, drive_stream
-from anywool.runtime.loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
-from anywool.runtime.resolve import is_context_manager
-from anywool.runtime.routine import reset_active, set_active
-
-__all__ = ["WorkerProxy"]
+from anywool.runtime._connection import WorkerConnection, _Call, drive_stream
+from anywool.runtime._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
+from anywool.runtime._resolve import is_context_manager
+from anywool.runtime._routine import reset_active, set_active
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +92,7 @@ class _InFlight:
             await self.idle.wait()
 
 
-class WorkerProxy:
+class WorkerProxy(SingleUse):
     """Dispatch routines to the workers reported by a discovery subscriber.
 
     ``async with WorkerProxy(subscriber):`` makes this proxy the active one for routines called
@@ -161,7 +159,7 @@ class WorkerProxy:
         self._uri: str | None = None
         self._uri_tags = _validate.tag_set("uri_tags", uri_tags)
         if isinstance(discovery, str):
-            from anywool.discovery.local import LocalDiscovery
+            from anywool.discovery import LocalDiscovery
 
             self._uri = discovery
             subscriber: DiscoverySubscriberLike = afilter(
@@ -194,7 +192,6 @@ class WorkerProxy:
                                                    allow_zero=False)
         self._cancel_timeout = _validate.duration("cancel_timeout", cancel_timeout,
                                                   allow_zero=False)
-        self._entered = False
         self._active = False
         self._task_group: TaskGroup | None = None
         self._token: Any = None
@@ -224,9 +221,7 @@ class WorkerProxy:
     # -- lifetime ------------------------------------------------------------------------------
 
     async def __aenter__(self) -> WorkerProxy:
-        if self._entered:
-            raise RuntimeError("a WorkerProxy is single-use; create a new one")
-        self._entered = True
+        self._enter_once()
         task_group = self._task_group = anyio.create_task_group()
         await task_group.__aenter__()
         task_group.start_soon(self._sentinel, name="anywool-proxy-sentinel")
@@ -280,9 +275,7 @@ class WorkerProxy:
                     await connection.cancel_all()
                 await self._in_flight.wait_idle()
         task_group, self._task_group = self._task_group, None
-        if task_group is not None:
-            task_group.cancel_scope.cancel()
-            await task_group.__aexit__(None, None, None)
+        await exit_task_group(task_group)
 
     # -- discovery -----------------------------------------------------------------------------
 

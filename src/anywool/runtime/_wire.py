@@ -33,8 +33,6 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from anywool.errors import WoolError
 
-__all__ = ["DEFAULT_MAX_FRAME_SIZE", "Frame", "FrameError", "FrameStream", "Kind"]
-
 DEFAULT_MAX_FRAME_SIZE = 64 * 1024 * 1024  # bytes
 
 _HEADER = struct.Struct(">I")

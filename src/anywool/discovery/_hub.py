@@ -17,10 +17,10 @@ from __future__ import annotations
 import logging
 import os
 import select
-import sys
 import threading
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import NamedTuple
 from uuid import UUID
 
 import anyio
@@ -29,12 +29,12 @@ import anyio.to_thread
 
 from anywool import _runtime_dir
 from anywool._runtime_dir import runtime_dir
-from anywool.discovery import registry
-from anywool.discovery.protocols import DiscoveryEvent
+from anywool.discovery import _view
+from anywool.discovery.local import _binding, _keys, _watch
+from anywool.discovery._protocols import DiscoveryEvent
 from anywool.errors import DiscoveryNamespaceNotFound
 from anywool.metadata import WorkerMetadata
 
-__all__ = ["DEFAULT_POLL_INTERVAL", "iterate", "stats"]
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +42,6 @@ DEFAULT_POLL_INTERVAL = 1.0
 # Events a consumer may have queued before it is resynchronised from the current view instead.
 CONSUMER_BUFFER = 4096
 _JOIN_TIMEOUT = 5.0
-
-if sys.platform == "linux":
-    try:
-        import inotify_simple
-    except ImportError:  # pragma: no cover - the dependency is declared for Linux
-        inotify_simple = None
-else:  # pragma: no cover
-    inotify_simple = None
-
 
 #: Registries of at most this many slots are scanned in the event loop's own thread when a new
 #: iteration starts its source on a memory file system (about 0.5 ms at 256 workers); larger
@@ -105,71 +96,24 @@ class _Consumer:
                 pass
 
 
-class _Watcher:
-    """The hint watcher of one source: inotify on Linux, nothing (pure polling) elsewhere."""
-
-    _FILE_EVENTS = 0
-    _DIR_EVENTS = 0
-
-    def __init__(self) -> None:
-        self._inotify = None
-        self._watch: int | None = None
-        if inotify_simple is not None:
-            flags = inotify_simple.flags
-            self._FILE_EVENTS = (flags.MODIFY | flags.ATTRIB | flags.CLOSE_WRITE
-                                 | flags.DELETE_SELF | flags.MOVE_SELF)
-            self._DIR_EVENTS = flags.MOVED_TO | flags.CREATE | flags.ONLYDIR
-            self._inotify = inotify_simple.INotify()
-
-    def fileno(self) -> int | None:
-        return None if self._inotify is None else self._inotify.fileno()
-
-    def watch(self, path: os.PathLike[str] | str, directory: bool = False) -> None:
-        if self._inotify is None:
-            return
-        self.unwatch()
-        try:
-            self._watch = self._inotify.add_watch(
-                os.fspath(path), self._DIR_EVENTS if directory else self._FILE_EVENTS)
-        except OSError:
-            self._watch = None  # gone already: polling covers it
-
-    def unwatch(self) -> None:
-        if self._inotify is not None and self._watch is not None:
-            try:
-                self._inotify.rm_watch(self._watch)
-            except OSError:
-                pass  # the kernel dropped it when the file went away
-        self._watch = None
-
-    def drain(self) -> None:
-        if self._inotify is not None:
-            self._inotify.read(timeout=0)
-
-    def close(self) -> None:
-        if self._inotify is not None:
-            self._inotify.close()
-            self._inotify = None
-
-
 class _Source:
     """One bound namespace shared by every consumer in this process."""
 
     def __init__(self, key: tuple[str, float], namespace: str, poll_interval: float,
-                 binding: registry.Binding) -> None:
+                 binding: _binding.Binding) -> None:
         self.key = key
         self.namespace = namespace
         self.poll_interval = poll_interval
         self.lock = threading.Lock()
         self.consumers: set[_Consumer] = set()
         self.view: dict[UUID, WorkerMetadata] = {}
-        self.binding: registry.Binding | None = binding
+        self.binding: _binding.Binding | None = binding
         # The generation the view belongs to (None while orphaned); read by attaching threads,
         # so written under ``lock``.
         self.generation: bytes | None = binding.generation
         self.binds = 1
         self.scans = 0
-        self.watcher = _Watcher()
+        self.watcher = _watch.Watcher()
         # The stop pipe's descriptors are written and closed only under ``lock`` and set to -1
         # when closed: a descriptor number may be reused at once by any file of the process, so
         # nothing may ever be written to one after it was closed.
@@ -186,10 +130,12 @@ class _Source:
 
     # -- lifecycle (hub lock held) --
 
-    def prime(self, checkpoint: Callable[[], None], lock_timeout: float | None) -> None:
-        """Read the registry once (the first consumer's snapshot), before any thread runs."""
+    def prime(self, checkpoint: Callable[[], None],
+              lock_timeout: float | None) -> list[DiscoveryEvent]:
+        """Read the registry once, before any thread runs: the first consumer's snapshot (every
+        worker as ``worker-added``, the view being empty until now)."""
         self.watcher.watch(self.binding.path / "notify")  # type: ignore[union-attr]
-        self._refresh(checkpoint=checkpoint, lock_timeout=lock_timeout)
+        return self._refresh(checkpoint=checkpoint, lock_timeout=lock_timeout)
 
     def close(self) -> None:
         """Release the watcher, the binding and the stop pipe: by the thread as it ends, or by
@@ -280,7 +226,7 @@ class _Source:
             raise _Stopped
 
     def _refresh(self, probe: bool = False, checkpoint: Callable[[], None] | None = None,
-                 lock_timeout: float | None = 30.0) -> None:
+                 lock_timeout: float | None = 30.0) -> list[DiscoveryEvent]:
         """Bring the view up to date and hand the difference to every consumer.
 
         :param checkpoint: called while waiting for the registry lock; may raise to give up.
@@ -298,15 +244,15 @@ class _Source:
                 journal = binding.changes_since(self._counter, lock_timeout, checkpoint)
                 if journal is None:  # fell behind the journal: the net difference instead
                     self._counter, current = binding.snapshot(lock_timeout, checkpoint)
-                    events = _diff(self.view, current)
+                    events = _view.diff(self.view, current)
                 else:
                     self._counter, changes = journal
-                    events = _events_from(self.view, changes)
+                    events = _view.replay(self.view, ((c.uid, c.metadata) for c in changes))
         else:
             try:
-                binding = registry.bind(self.namespace)
+                binding = _binding.bind(self.namespace)
             except DiscoveryNamespaceNotFound:
-                return
+                return []
             self.binding = binding
             with self.lock:
                 self.generation = binding.generation
@@ -314,12 +260,13 @@ class _Source:
             self.watcher.watch(binding.path / "notify")
             self.scans += 1
             self._counter, current = binding.snapshot(lock_timeout, checkpoint)
-            events = _diff(self.view, current)
+            events = _view.diff(self.view, current)
         if events:
             with self.lock:
-                _apply(self.view, events)
+                _view.apply(self.view, events)
                 for consumer in self.consumers:
                     consumer.deliver(events)
+        return events
 
     def _orphan(self) -> None:
         assert self.binding is not None
@@ -330,45 +277,6 @@ class _Source:
         self._counter = -1
         # A successor appears by renaming its generation into the runtime directory.
         self.watcher.watch(runtime_dir(create=False), directory=True)
-
-
-def _events_from(view: dict[UUID, WorkerMetadata],
-                 changes: list[registry.Change]) -> list[DiscoveryEvent]:
-    """Events for journal ``changes`` applied to ``view`` (not modified)."""
-    current = dict(view)
-    events: list[DiscoveryEvent] = []
-    for change in changes:
-        if change.metadata is None:
-            gone = current.pop(change.uid, None)
-            if gone is not None:
-                events.append(DiscoveryEvent("worker-dropped", gone))
-            continue
-        known = current.get(change.uid)
-        current[change.uid] = change.metadata
-        if known is None:
-            events.append(DiscoveryEvent("worker-added", change.metadata))
-        elif not known.same_as(change.metadata):
-            events.append(DiscoveryEvent("worker-updated", change.metadata))
-    return events
-
-
-def _apply(view: dict[UUID, WorkerMetadata], events: list[DiscoveryEvent]) -> None:
-    for event in events:
-        if event.type == "worker-dropped":
-            view.pop(event.metadata.uid, None)
-        else:
-            view[event.metadata.uid] = event.metadata
-
-
-def _diff(old: dict[UUID, WorkerMetadata], new: dict[UUID, WorkerMetadata]) -> list[DiscoveryEvent]:
-    events = [DiscoveryEvent("worker-dropped", m) for uid, m in old.items() if uid not in new]
-    for uid, metadata in new.items():
-        known = old.get(uid)
-        if known is None:
-            events.append(DiscoveryEvent("worker-added", metadata))
-        elif not known.same_as(metadata):
-            events.append(DiscoveryEvent("worker-updated", metadata))
-    return events
 
 
 class _Hub:
@@ -397,12 +305,13 @@ class _Hub:
         :raises TimeoutError: the registry stayed locked by a writer for 30 s.
         """
         self.drain_deferred()
-        key = (registry.namespace_key(namespace), poll_interval)
+        key = (_keys.namespace_key(namespace), poll_interval)
         # A new iteration needs a live owner now, even if a sibling's source still follows one
         # that just died (it would only notice at its next check).
-        probe: registry.Binding | None = registry.bind(namespace)
+        probe: _binding.Binding | None = _binding.bind(namespace)
         generation = probe.generation
         fresh: _Source | None = None
+        primed: list[DiscoveryEvent] = []
         lock_timeout: float | None = 30.0
         if in_loop:
             lock_timeout = 0
@@ -423,7 +332,14 @@ class _Hub:
                     if source is None and fresh is not None:
                         source, fresh = fresh, None
                         self.sources[key] = source
+                        # Its view is what prime read until the thread starts: the primed
+                        # events are this consumer's snapshot as they are.
+                        with source.lock:
+                            source.consumers.add(consumer)
+                            if primed:
+                                consumer.deliver(primed)
                         source.thread.start()
+                        return source
                     if source is not None:
                         with source.lock:
                             source.consumers.add(consumer)
@@ -438,7 +354,7 @@ class _Hub:
                 fresh = _Source(key, namespace, poll_interval, probe)
                 probe = None
                 try:
-                    fresh.prime(checkpoint, lock_timeout)
+                    primed = fresh.prime(checkpoint, lock_timeout)
                 except TimeoutError:
                     if in_loop:
                         raise WouldBlock from None
@@ -495,6 +411,26 @@ class _Hub:
 
 
 _hub = _Hub()
+
+
+class SourceStats(NamedTuple):
+    """One shared source of this process (see :func:`anywool.lowlevel.discovery_stats`)."""
+
+    #: The namespace's key: a hash, never the namespace's name.
+    key: str
+    #: Seconds between the source's counter checks.
+    poll_interval: float
+    #: Generations it has bound: 1, plus one per successor owner it followed.
+    binds: int
+    #: Times it read the registry (journal or snapshot) because something changed.
+    scans: int
+    #: Iterations attached to it now.
+    consumers: int
+
+
+def source_stats() -> list[SourceStats]:
+    """Every live shared source of this process, for :mod:`anywool.lowlevel`."""
+    return [SourceStats(key, interval, *numbers) for (key, interval), numbers in stats().items()]
 
 
 def stats() -> dict[tuple[str, float], tuple[int, int, int]]:
@@ -616,7 +552,7 @@ async def _receive(source: _Source, consumer: _Consumer) -> list[DiscoveryEvent]
                 consumer.overflowed = False
                 consumer.batches.clear()
                 consumer.queued = 0
-                events = _diff(consumer.view, source.view)
+                events = _view.diff(consumer.view, source.view)
             elif consumer.batches:
                 events = consumer.batches.popleft()
                 consumer.queued -= len(events)
@@ -627,7 +563,7 @@ async def _receive(source: _Source, consumer: _Consumer) -> list[DiscoveryEvent]
             else:
                 events = None
         if events:
-            _apply(consumer.view, events)
+            _view.apply(consumer.view, events)
             return events
         await anyio.wait_readable(consumer.wake_r)
         try:

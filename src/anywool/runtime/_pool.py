@@ -33,14 +33,13 @@ import anyio
 from anyio.abc import TaskStatus
 
 from anywool import _validate
+from anywool._owner import SingleUse, exit_task_group
 from anywool._teardown import Budget, ExitWithin
-from anywool.discovery.protocols import DiscoveryLike, DiscoveryPublisherLike, DiscoverySubscriberLike
-from anywool.runtime.loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
-from anywool.runtime.local_worker import LocalWorker, current_backend
-from anywool.runtime.proxy import WorkerProxy
-from anywool.runtime.resolve import expected_names, is_factory, resolved
-
-__all__ = ["MAX_SPAWN", "WorkerPool"]
+from anywool.discovery import DiscoveryLike, DiscoveryPublisherLike, DiscoverySubscriberLike
+from anywool.runtime._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
+from anywool.runtime._local_worker import LocalWorker, current_backend
+from anywool.runtime._proxy import WorkerProxy
+from anywool.runtime._resolve import expected_names, is_factory, resolved
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +70,7 @@ def _is_loadbalancer(obj: object) -> bool:
     return not isinstance(obj, type) and isinstance(obj, LoadBalancerLike)
 
 
-class WorkerPool:
+class WorkerPool(SingleUse):
     """Workers for the routines called inside an ``async with`` block.
 
     ============  =============================================  ====================================
@@ -202,7 +201,6 @@ class WorkerPool:
         self._startup_timeout = _validate.duration("startup_timeout", startup_timeout, allow_zero=False)
         self._shutdown_timeout = _validate.duration("shutdown_timeout", shutdown_timeout, allow_zero=True)
         self._announce_timeout = _validate.duration("announce_timeout", announce_timeout, allow_zero=True)
-        self._entered = False
         self._stack: AsyncExitStack | None = None
         self._workers: list[LocalWorker] = []
         self._own: set[UUID] = set()
@@ -245,9 +243,7 @@ class WorkerPool:
     # -- entry ---------------------------------------------------------------------------------
 
     async def __aenter__(self) -> WorkerPool:
-        if self._entered:
-            raise RuntimeError("a WorkerPool is single-use; create a new one")
-        self._entered = True
+        self._enter_once()
         stack = AsyncExitStack()
         await stack.__aenter__()
         try:
@@ -273,7 +269,7 @@ class WorkerPool:
         factory = self._discovery
         count = self._spawn
         if factory is None:
-            from anywool.discovery.local import LocalDiscovery
+            from anywool.discovery import LocalDiscovery
 
             factory = LocalDiscovery()
             count = self._spawn or os.cpu_count() or 1
@@ -334,7 +330,7 @@ class WorkerPool:
 
         async def stop_supervisors() -> None:
             self._stopping.set()
-            await supervisors.__aexit__(None, None, None)
+            await exit_task_group(supervisors, cancel=False)  # they stop their workers
 
         stack.push_async_callback(stop_supervisors)
         backend = self._backend or current_backend()

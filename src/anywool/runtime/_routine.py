@@ -23,8 +23,6 @@ import inspect
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
-__all__ = ["RoutineDispatcher", "active_dispatcher", "is_routine", "routine", "routine_body"]
-
 P = ParamSpec("P")
 T = TypeVar("T")
 Y = TypeVar("Y")
@@ -85,7 +83,7 @@ def routine(fn: Callable[P, Any]) -> Callable[P, Any]:
     """Decorate an ``async def`` or async generator function so that calls run on a worker.
 
     A coroutine routine, awaited, returns the worker's return value or raises the exception the
-    routine raised (type, message and traceback preserved; see :mod:`anywool.runtime.serializer`).
+    routine raised (type, message and traceback preserved; see :mod:`anywool.runtime._serializer`).
     An async generator routine returns an async generator whose ``__anext__``, ``asend``,
     ``athrow`` and ``aclose`` each drive the remote generator by one step.
 

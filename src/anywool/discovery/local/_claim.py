@@ -1,0 +1,466 @@
+"""Claiming a namespace, sweeping what dead processes left, reaping dead publishers.
+
+A claim builds a stamped generation in ``tmp-<random>/`` under its own lock and renames it to
+``ns-<key>``; the rename fails when a generation exists, so exactly one racing claimant wins.
+See :mod:`._layout` for the files.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import math
+import os
+import secrets
+import shutil
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+from uuid import UUID
+
+from anywool._runtime_dir import runtime_dir
+from anywool.discovery.local import _watch
+from anywool.discovery.local._binding import (
+    Generation,
+    lease_ids,
+    lease_is_dead,
+    sweep_pending_leases,
+)
+from anywool.discovery.local._flock import (
+    LOCK_HOLDERS,
+    close_quietly,
+    lock_with_backoff,
+    locked,
+    open_dir,
+    open_file,
+    probe_free,
+    try_lock,
+    unlock,
+    unlink_quietly,
+)
+from anywool.discovery.local._keys import namespace_digest, namespace_path
+from anywool.discovery.local._layout import (
+    COUNTER_OFFSET,
+    EMPTY_UID,
+    FORMAT_VERSION,
+    HEADER,
+    MAGIC,
+    MAX_COUNTER,
+    Header,
+    Table,
+    read_counter,
+    read_header,
+    reserve,
+)
+from anywool.errors import DiscoveryNamespaceInUse
+
+class Claim(Generation):
+    """An owner's hold on one generation of a namespace (``ns-<key>/``).
+
+    The directory descriptor carries ``flock(LOCK_EX)`` for the owner's lifetime (claimants
+    probe it), and so does the ``owner`` file's (borrowers probe that one). Created by
+    :func:`claim`; :meth:`release` retires and removes the generation.
+    """
+
+    def __init__(self, namespace: str, root: Path, path: Path, dir_fd: int, registry_fd: int,
+                 header: Header, owner_fd: int = -1) -> None:
+        super().__init__(namespace, path, dir_fd, registry_fd, header, owner_fd)
+        self.root = root
+        self.pid = os.getpid()
+        self._released = False
+        self._retired = False
+        LOCK_HOLDERS.add(self)
+
+    def forget(self) -> None:
+        """In a forked child: drop the inherited descriptors without touching the parent's."""
+        self._released = True
+        self.close()
+
+    def _owner_alive(self) -> bool:
+        # This is the owner: never probe our own lock (flock on our own descriptor would
+        # convert, then drop, the very lock that proves us alive).
+        return True
+
+    def retire(self, lock_timeout: float | None = 5.0,
+               checkpoint: Callable[[], None] | None = None) -> None:
+        """Retire the generation under the registry lock and wake its subscribers (graceful).
+
+        Borrowers stop binding a retired generation and subscribers drop its workers. The files
+        stay until :meth:`release`.
+
+        :param lock_timeout: seconds the registry lock may be waited for (``None``: forever).
+        :param checkpoint: called between lock attempts; it may raise (cancellation).
+        :raises TimeoutError: the lock was not taken within ``lock_timeout`` seconds; nothing
+            was written.
+
+        Whatever ``checkpoint`` raises propagates with nothing written. A no-op once retired or
+        released, and in a process forked from the owner.
+        """
+        if self._retired or self._released or os.getpid() != self.pid:
+            return
+        lock_with_backoff(self.registry_fd, fcntl.LOCK_EX, timeout=lock_timeout,
+                          describe=lambda: f"discovery namespace {self.namespace!r}",
+                          checkpoint=checkpoint)
+        try:
+            self._mark_retired()
+        finally:
+            unlock(self.registry_fd)
+
+    @property
+    def released(self) -> bool:
+        """Whether :meth:`release` has run (the generation is gone, or this is a forked
+        child's copy)."""
+        return self._released
+
+    def release(self, lock_timeout: float | None = 5.0,
+                checkpoint: Callable[[], None] | None = None) -> None:
+        """Retire the generation (see :meth:`retire`), then remove every file of it and close
+        its descriptors, which releases the owner's lock.
+
+        When the registry lock is not taken within ``lock_timeout`` seconds (``0``: one
+        non-blocking attempt), or ``checkpoint`` raises while waiting for it, the generation is
+        retired without the lock (a wedged writer cannot keep a generation that is going away)
+        and removed all the same; what ``checkpoint`` raised is then re-raised.
+
+        A process forked from the owner removes nothing (its pid differs from the claimer's).
+        Idempotent.
+        """
+        if self._released:
+            return
+        self._released = True
+        interrupted: BaseException | None = None
+        try:
+            if os.getpid() != self.pid:
+                return
+            try:
+                if not self._retired:
+                    try:
+                        lock_with_backoff(self.registry_fd, fcntl.LOCK_EX, timeout=lock_timeout,
+                                          describe=lambda: f"discovery namespace {self.namespace!r}",
+                                          checkpoint=checkpoint)
+                        locked = True
+                    except TimeoutError:
+                        locked = False
+                    except BaseException as exc:  # the checkpoint's cancellation, or worse
+                        interrupted, locked = exc, False
+                    try:
+                        self._mark_retired()
+                    finally:
+                        if locked:
+                            unlock(self.registry_fd)
+            finally:
+                # Whatever happened to the registry (even corrupted), its files go.
+                _remove_generation(self.root, self.path)
+        finally:
+            self.close()  # releases the owner's flock
+        if interrupted is not None:
+            raise interrupted
+
+    def try_release(self) -> bool:
+        """:meth:`release` if the registry lock is free right now, without waiting for it.
+
+        For an event loop on a memory file system: every call it makes returns at once.
+
+        :returns: whether the generation was released; if not (a writer holds the lock),
+            nothing was done.
+        """
+        if self._released or os.getpid() != self.pid:
+            self.release()
+            return True
+        if not self._retired:
+            if not try_lock(self.registry_fd, fcntl.LOCK_EX):
+                return False
+            try:
+                self._mark_retired()
+            finally:
+                unlock(self.registry_fd)
+        self.release()
+        return True
+
+    def _mark_retired(self) -> None:
+        """Set the retired flag, bump the counter and write the hint (lock held, or not)."""
+        try:
+            counter, _ = read_counter(self.registry_fd)
+        except ValueError:
+            counter = 0  # a truncated registry: the flag still tells readers it is over
+        os.pwrite(self.registry_fd, struct.pack("<QB", min(counter + 1, MAX_COUNTER), 1),
+                  COUNTER_OFFSET)
+        self._retired = True
+        _watch.touch_hint(self.path)
+
+    def reap(self, lock_timeout: float | None = 5.0,
+             checkpoint: Callable[[], None] | None = None) -> list[UUID]:
+        """Clear the slots of publishers whose lease lock is free (the process died), remove
+        their lease files, and roll forward a change a dead writer left half done.
+
+        :param checkpoint: called between registry lock attempts; it may raise (cancellation).
+        :returns: the uids of the workers removed.
+        :raises TimeoutError: the registry lock was not taken within ``lock_timeout`` seconds.
+        """
+        removed: list[UUID] = []
+        with locked(self.registry_fd, self.guard, fcntl.LOCK_EX, lock_timeout, self.namespace,
+                     checkpoint), self._typed():
+            recovered = self.table.recover()
+            slots = self.table.slots()
+            dead = {lease for lease in lease_ids(self.path) if lease_is_dead(self.path, lease)}
+            for index, (uid, _seq, lease, length) in enumerate(slots):
+                if length and lease in dead:
+                    removed.append(UUID(bytes=uid))
+                    self.table.commit(index, "worker-dropped", removed[-1], EMPTY_UID, b"")
+            # A lease file goes once its slots are clear; referenced leases without a file
+            # (deleted by hand) count as dead too.
+            missing = {e[2] for e in slots if e[3] and e[2] != EMPTY_UID} - lease_ids(self.path)
+            for index, (uid, _seq, lease, length) in enumerate(slots):
+                if length and lease in missing:
+                    removed.append(UUID(bytes=uid))
+                    self.table.commit(index, "worker-dropped", removed[-1], EMPTY_UID, b"")
+        for lease in dead:
+            unlink_quietly(self.path / f"lease-{lease.hex()}")
+        sweep_pending_leases(self.path)
+        if recovered or removed:
+            _watch.touch_hint(self.path)
+        return removed
+
+
+def claim(namespace: str, *, capacity: int, block_size: int, reclaim: bool = True,
+          root: Path | None = None) -> Claim:
+    """Claim ``namespace`` atomically across processes.
+
+    Builds a stamped generation in ``tmp-<random>/`` under its own lock, then renames it to
+    ``ns-<key>``; the rename fails when a generation exists, so exactly one racing claimant
+    wins. A generation whose owner is dead (its lock can be taken) is swept and the rename
+    retried once when ``reclaim`` is true. At most every :data:`SWEEP_INTERVAL` seconds, a
+    claim also sweeps what dead processes left in the runtime directory.
+
+    :raises DiscoveryNamespaceInUse: a live owner holds the namespace, or a dead one does and
+        ``reclaim`` is false (``owner_pid`` is then ``None``).
+    :raises OSError: the registry could not be created (for example no space); nothing created
+        is left behind.
+    """
+    root = root or runtime_dir()
+    target = namespace_path(namespace, root)
+    sweep_now_and_then(root, keep=target)
+    claimed = _claim(namespace, root, target, capacity, block_size, reclaim, blocking=True)
+    assert claimed is not None
+    return claimed
+
+
+def try_claim(namespace: str, *, capacity: int, block_size: int,
+              root: Path | None = None) -> Claim | None:
+    """One attempt at :func:`claim` that never waits: no sweep, no probe, no lock wait.
+
+    For an event loop on a memory file system (see :func:`anywool._runtime_dir.in_memory`),
+    where every call it makes returns at once.
+
+    :returns: the claim, or ``None`` (nothing left behind) when a generation of the namespace
+        already exists (live or dead: :func:`claim` tells which).
+    :raises OSError: as :func:`claim`.
+    """
+    root = root or runtime_dir()
+    return _claim(namespace, root, namespace_path(namespace, root), capacity, block_size,
+                  reclaim=False, blocking=False)
+
+
+def _claim(namespace: str, root: Path, target: Path, capacity: int, block_size: int,
+           reclaim: bool, *, blocking: bool) -> Claim | None:
+    tmp = root / f"tmp-{secrets.token_hex(8)}"
+    os.mkdir(tmp, 0o700)
+    dir_fd = registry_fd = owner_fd = None
+    try:
+        dir_fd = open_dir(tmp)
+        if blocking:
+            fcntl.flock(dir_fd, fcntl.LOCK_EX)
+        elif not try_lock(dir_fd, fcntl.LOCK_EX):
+            raise _Busy  # a sweeper is removing it: let the blocking path start over
+        owner_fd = open_file(tmp / "owner", os.O_RDWR | os.O_CREAT | os.O_EXCL)
+        os.fchmod(owner_fd, 0o600)
+        fcntl.flock(owner_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        registry_fd, header = _create_registry(tmp, namespace, capacity, block_size)
+        fd = open_file(tmp / "notify", os.O_RDWR | os.O_CREAT | os.O_EXCL)
+        os.fchmod(fd, 0o600)
+        os.close(fd)
+        for attempt in range(3):
+            try:
+                os.rename(tmp, target)
+                return Claim(namespace, root, target, dir_fd, registry_fd, header, owner_fd)
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
+                    raise
+            if not blocking:
+                raise _Busy
+            incumbent = _probe_incumbent(namespace, target)
+            if incumbent is not None:
+                raise incumbent
+            if not reclaim:
+                raise DiscoveryNamespaceInUse(namespace, str(target), None)
+            _sweep_dead(root, target)
+        raise DiscoveryNamespaceInUse(namespace, str(target), _owner_pid(target))
+    except BaseException as exc:
+        close_quietly(registry_fd)
+        close_quietly(owner_fd)
+        close_quietly(dir_fd)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, _Busy):
+            return None
+        raise
+
+
+class _Busy(Exception):
+    """A non-blocking claim found something it would have to wait for."""
+
+
+def _create_registry(directory: Path, namespace: str, capacity: int,
+                     block_size: int) -> tuple[int, Header]:
+    fd = open_file(directory / "registry", os.O_RDWR | os.O_CREAT | os.O_EXCL)
+    try:
+        os.fchmod(fd, 0o600)
+        table = Table(fd, capacity, block_size)
+        os.ftruncate(fd, table.size)
+        # Reserve the header and slots now; journal entries and blocks are reserved by the
+        # write that first needs them (Table.commit), before it writes anything. Zeroing the
+        # whole file here cost a claim more than everything else it does.
+        reserve(fd, 0, table.journal_offset)
+        header = Header(capacity, block_size, os.getpid(), secrets.token_bytes(16),
+                        namespace_digest(namespace), 0, False)
+        os.pwrite(fd, HEADER.pack(MAGIC, FORMAT_VERSION, capacity, block_size, header.owner_pid,
+                                   header.generation, header.digest, 0, 0), 0)
+        return fd, header
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _probe_incumbent(namespace: str, target: Path) -> DiscoveryNamespaceInUse | None:
+    """The error to raise if ``target`` has a live owner; ``None`` if it is dead or gone.
+
+    Something other than a directory there (a symlink, a file) is not a generation: it is
+    removed, since nothing of ours put it in our private directory under that name.
+    """
+    try:
+        fd = open_dir(target)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        unlink_quietly(target)
+        return None
+    try:
+        if probe_free(fd):
+            unlock(fd)
+            return None
+        return DiscoveryNamespaceInUse(namespace, str(target), _owner_pid(target))
+    finally:
+        os.close(fd)
+
+
+def _owner_pid(target: Path) -> int | None:
+    try:
+        fd = open_file(target / "registry", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return read_header(fd).owner_pid
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _sweep_dead(root: Path, target: Path) -> None:
+    """Remove ``target`` if its owner is dead, holding its lock throughout."""
+    try:
+        fd = open_dir(target)
+    except FileNotFoundError:
+        return
+    try:
+        if not probe_free(fd):
+            return
+        try:
+            current = os.stat(target, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        locked = os.fstat(fd)
+        if (current.st_dev, current.st_ino) != (locked.st_dev, locked.st_ino):
+            return  # another sweeper replaced it meanwhile
+        _remove_generation(root, target)
+    finally:
+        os.close(fd)
+
+
+def _remove_generation(root: Path, path: Path) -> None:
+    dead = root / f"dead-{secrets.token_hex(8)}"
+    try:
+        os.rename(path, dead)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(dead, ignore_errors=True)
+
+
+#: Seconds between the sweeps of a whole runtime directory a process's claims make. A claim
+#: whose own namespace is held by a dead owner always sweeps that one at once; the rest
+#: (other dead generations, killed claimants' and workers' leftovers) can wait: a sweep costs
+#: a probe per entry, which the claim fast path should not pay every time.
+SWEEP_INTERVAL = 10.0
+_last_sweep = -math.inf
+
+
+def sweep_due() -> bool:
+    """Whether this process's next :func:`claim` sweeps the runtime directory."""
+    return time.monotonic() - _last_sweep >= SWEEP_INTERVAL
+
+
+def sweep_now_and_then(root: Path, keep: Path | None = None) -> None:
+    """Sweep the runtime directory (see :func:`_sweep_leftovers`) if this process has not in
+    the last :data:`SWEEP_INTERVAL` seconds. ``keep`` is a generation to leave alone."""
+    global _last_sweep
+    now = time.monotonic()
+    if now - _last_sweep >= SWEEP_INTERVAL:
+        _last_sweep = now
+        _sweep_leftovers(root, keep)
+
+
+def _sweep_leftovers(root: Path, keep: Path | None) -> None:
+    """Remove what dead processes left behind: ``tmp-*`` and ``dead-*`` directories of killed
+    claimants, generations (``ns-*``) whose owner died, e.g. the random namespace of a
+    SIGKILLed pool that nobody will ever claim again, and the socket directories (``w-*``) of
+    killed workers. ``keep`` (the namespace being claimed) is
+    left to the claim's own reclaim logic, which honours ``reclaim=False``.
+
+    A lock that can be taken proves its holder is gone; anything locked is left alone.
+    """
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return
+    now = time.time()
+    for name in names:
+        if not name.startswith(("tmp-", "dead-", "ns-", "w-")) or (
+                keep is not None and name == keep.name):
+            continue
+        path = root / name
+        try:
+            fd = open_dir(path)
+        except OSError:
+            continue
+        try:
+            info = os.fstat(fd)
+            # A claimant (a worker) locks its tmp (w-) directory right after mkdir: spare very
+            # young ones.
+            if name.startswith(("tmp-", "w-")) and now - info.st_mtime < 1.0:
+                continue
+            if not try_lock(fd, fcntl.LOCK_EX):
+                continue
+            try:
+                current = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if (current.st_dev, current.st_ino) != (info.st_dev, info.st_ino):
+                continue  # replaced meanwhile by someone else's generation
+            if name.startswith("ns-"):
+                _remove_generation(root, path)
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+        finally:
+            os.close(fd)

@@ -1,0 +1,42 @@
+"""Namespace keys: how any namespace string becomes a name in the runtime directory.
+
+The raw name never reaches the file system; a domain-separated blake2b hash of it does. The
+header of a registry keeps a longer digest, checked at bind, so that two namespaces whose keys
+collide can never share a registry.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from pathlib import Path
+
+from anywool._runtime_dir import runtime_dir
+
+# Bytes of blake2b kept for a namespace key (26 base32 characters). Tests shrink it to force
+# collisions, which the digest stored in the header must then catch.
+KEY_BYTES = 16
+
+
+def namespace_key(namespace: str) -> str:
+    """The file-system key of a namespace: a domain-separated blake2b hash in base32.
+
+    The raw name never reaches the file system, so any string (``"a/b"``, ``".."``, NUL,
+    10 000 characters) is a valid namespace.
+    """
+    raw = hashlib.blake2b(b"ns\0" + _encode(namespace), digest_size=KEY_BYTES).digest()
+    return base64.b32encode(raw).decode("ascii").rstrip("=").lower()
+
+
+def namespace_digest(namespace: str) -> bytes:
+    """The full 32-byte digest stored in the header and checked at bind."""
+    return hashlib.blake2b(b"digest\0" + _encode(namespace), digest_size=32).digest()
+
+
+def namespace_path(namespace: str, root: Path | None = None) -> Path:
+    """The directory a live generation of ``namespace`` occupies."""
+    return (root or runtime_dir()) / f"ns-{namespace_key(namespace)}"
+
+
+def _encode(namespace: str) -> bytes:
+    return namespace.encode("utf-8", "surrogatepass")
