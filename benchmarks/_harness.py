@@ -96,27 +96,36 @@ def wool_status(module: str = "wool") -> str | None:
 
 
 @contextmanager
-def private_runtime(prefix: str, env: Mapping[str, str], make: Iterable[str] = ()) -> Iterator[Path]:
+def private_runtime(prefix: str, env: Mapping[str, str], make: Iterable[str] = (),
+                    on_disk: Iterable[str] = ()) -> Iterator[Path]:
     """A fresh directory under /dev/shm (else /tmp), removed on exit, with ``env`` pointing into
     it meanwhile.
 
     ``env`` maps a variable to a path relative to the directory (``"."`` for the directory
     itself); the directories in ``make`` are created first. Its path is short: it holds
-    AF_UNIX sockets. The variables are restored on exit.
+    AF_UNIX sockets. The variables named in ``on_disk`` point into a second fresh directory
+    under /tmp instead, removed on exit too. The variables are restored on exit.
+
+    Each framework's files go where they go by default: anywool's runtime directory is on
+    /dev/shm (``/dev/shm/anywool-<uid>``), wool's lock and notification files in ``TMPDIR``
+    (``/tmp``, a disk here); wool's shared memory is on /dev/shm whatever is set.
     """
-    # /dev/shm where it exists: anywool's default runtime directory and where wool keeps its
-    # shared memory, so both run as a user's default set-up would.
     base = next((d for d in ("/dev/shm", "/tmp") if os.path.isdir(d)), None)
     runtime = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    on_disk = set(on_disk)
+    disk = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp")) if on_disk else None
     saved = {name: os.environ.get(name) for name in env}
     try:
-        for name in make:
-            (runtime / name).mkdir()
         for name, relative in env.items():
-            os.environ[name] = str(runtime / relative)
+            where = disk if name in on_disk and disk is not None else runtime
+            if relative in make:
+                (where / relative).mkdir(exist_ok=True)
+            os.environ[name] = str(where / relative)
         yield runtime
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
+        if disk is not None:
+            shutil.rmtree(disk, ignore_errors=True)
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -197,6 +206,7 @@ def run_all(
     runtime_prefix: str,
     runtime_env: Mapping[str, str],
     runtime_make: Iterable[str] = (),
+    runtime_on_disk: Iterable[str] = (),
     run_one: Callable[[str, str, Path], ChildResult],
     combine_runs: Callable[[list[dict[str, Any]]], dict[str, Any]],
 ) -> tuple[list[str], dict[str, dict[str, Any]], dict[str, str], str | None]:
@@ -211,7 +221,7 @@ def run_all(
     plan = [("anywool", b) for b in backends]
     if wool_error is None:
         plan.append(("wool", "asyncio"))
-    with private_runtime(runtime_prefix, runtime_env, runtime_make) as runtime:
+    with private_runtime(runtime_prefix, runtime_env, runtime_make, runtime_on_disk) as runtime:
         samples, failures = measure_plan(
             plan, repeat, lambda framework, backend: run_one(framework, backend, runtime)
         )

@@ -611,9 +611,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.idle < 0:
         parser.error("--idle must not be negative")
 
-    # A private runtime directory for this run: anywool's namespaces (ANYWOOL_RUNTIME_DIR) and
-    # wool's lock and notification files (TMPDIR) live there. wool's shared memory lives in
-    # /dev/shm; its owners and publishers unlink what they created on exit.
+    # Private directories for this run, each framework's where its default is: anywool's
+    # namespaces (ANYWOOL_RUNTIME_DIR) under /dev/shm, wool's lock and notification files
+    # (TMPDIR) under /tmp. wool's shared memory lives in /dev/shm; its owners and publishers
+    # unlink what they created on exit.
     backends, runs, failures, wool_note = _harness.run_all(
         args.backend,
         args.repeat,
@@ -621,6 +622,7 @@ def main(argv: list[str] | None = None) -> int:
         runtime_prefix="awd-",
         runtime_env={"ANYWOOL_RUNTIME_DIR": "ns", "TMPDIR": "tmp"},
         runtime_make=("tmp",),
+        runtime_on_disk=("TMPDIR",),
         run_one=lambda framework, backend, runtime: _run_child(framework, backend, args, runtime),
         combine_runs=_combine,
     )
