@@ -36,16 +36,20 @@ def runtime_dir(create: bool = True) -> Path:
         not exist.
     """
     path = _configured()
-    if create:
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        if not create:
+            raise
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:
-            pass
+            pass  # created meanwhile by another process
         except FileNotFoundError:
             raise FileNotFoundError(
                 f"cannot create runtime directory {path}: its parent does not exist "
                 f"(set {ENV_VAR} to a directory that can be created)") from None
-    info = os.lstat(path)
+        info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode):
         raise PermissionError(f"refusing runtime directory {path}: it is a symlink")
     if not stat.S_ISDIR(info.st_mode):

@@ -106,7 +106,13 @@ async def test_uncontended_publisher_exit_withdraws_its_workers_at_once(namespac
             tg.cancel_scope.cancel()
 
 
-async def test_publisher_exit_in_a_cancelled_scope_still_withdraws_its_workers(namespace):
+@pytest.mark.parametrize("in_memory", [True, False], ids=["in-loop", "thread"])
+async def test_publisher_exit_in_a_cancelled_scope_still_withdraws_its_workers(namespace,
+                                                                              in_memory,
+                                                                              monkeypatch):
+    # In the loop, the exit finishes before the cancellation propagates; on the thread path
+    # the graceful phase's thread never starts, and the forceful phase withdraws.
+    monkeypatch.setattr("anywool._runtime_dir.in_memory", lambda: in_memory)
     with anyio.fail_after(10):
         async with LocalDiscovery(namespace, reap_interval=3600) as owner, \
                 anyio.create_task_group() as tg:
@@ -116,9 +122,8 @@ async def test_publisher_exit_in_a_cancelled_scope_still_withdraws_its_workers(n
                 async with owner.publisher as publisher:
                     await publisher.publish("worker-added", metadata)
                     assert await take(events, 1) == [("worker-added", metadata.uid)]
-                    scope.cancel()  # the graceful phase's thread never starts
+                    scope.cancel()
             assert scope.cancelled_caught
-            # The forceful phase's one non-blocking attempt found the lock free.
             assert await take(events, 1) == [("worker-dropped", metadata.uid)]
             assert _leases(owner) == []
             tg.cancel_scope.cancel()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import threading
 from pathlib import Path
 
 import anyio
@@ -446,8 +447,20 @@ def paths(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> st
 async def test_either_path_claims_serves_and_removes_everything(namespace, paths, runtime_dir,
                                                                  monkeypatch):
     monkeypatch.setattr(_claim, "_last_sweep", float("inf"))  # no sweep due: the fast path
-    claims, attaches = [], []
+    claims, attaches, hops = [], [], []
     real_claim, real_attach = _claim.claim, _hub._Hub.attach
+
+
+    def noting_worker_threads(name: str, real):
+        def run(self, *args):
+            if threading.current_thread() is not threading.main_thread():
+                hops.append(name)
+            return real(self, *args)
+        return run
+
+    for name in ("_publish", "_withdraw", "_bind_first"):  # what the thread paths run
+        monkeypatch.setattr(LocalDiscovery.Publisher, name,
+                            noting_worker_threads(name, getattr(LocalDiscovery.Publisher, name)))
     monkeypatch.setattr(_claim, "claim", lambda *a, **k: claims.append(1) or real_claim(*a, **k))
     monkeypatch.setattr(_hub._Hub, "attach",
                         lambda self, *a, **k: attaches.append(k.get("in_loop", False))
@@ -465,9 +478,11 @@ async def test_either_path_claims_serves_and_removes_everything(namespace, paths
                 tg.cancel_scope.cancel()
         assert os.listdir(runtime_dir) == []
     if paths == "in-loop":
-        assert claims == [] and attaches == [True]  # no blocking claim, no attach in a thread
+        # No blocking claim, no attach, bind, publish or withdrawal in a thread.
+        assert claims == [] and attaches == [True] and hops == []
     else:
         assert claims == [1] and attaches == [False]
+        assert hops == ["_bind_first", "_publish", "_publish", "_withdraw"]
 
 
 async def test_a_due_sweep_sends_the_claim_through_the_thread_path(namespace, monkeypatch):
@@ -561,3 +576,30 @@ async def test_a_large_registry_is_scanned_in_a_thread(namespace, monkeypatch):
                 tg.cancel_scope.cancel()
     # The in-loop attempt gave up before installing anything; the thread attached.
     assert attaches == [(True, 0), (False, 1)]
+
+
+async def test_a_publish_under_a_held_registry_lock_waits_for_it_in_a_thread(namespace):
+    import fcntl
+
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace) as discovery, discovery.publisher as publisher:
+            holder = os.open(os.path.join(discovery.path, "registry"), os.O_RDWR)
+            try:
+                fcntl.flock(holder, fcntl.LOCK_EX)
+                done = anyio.Event()
+
+                async def publish() -> None:
+                    await publisher.publish("worker-added", worker())
+                    done.set()
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(publish)
+                    with anyio.move_on_after(0.05):  # a noted wait: it must wait for the lock
+                        await done.wait()
+                    assert not done.is_set()
+                    fcntl.flock(holder, fcntl.LOCK_UN)
+            finally:
+                os.close(holder)
+            async for event in discovery.subscriber:
+                assert event.type == "worker-added"
+                break

@@ -390,22 +390,72 @@ async def test_iterations_left_with_a_plain_break_release_everything_without_a_g
 
 
 @pytest.mark.parametrize("busy", ["hub", "source"])
-async def test_a_detach_a_finalizer_had_to_defer_is_done_by_the_source_thread(namespace, busy):
+@pytest.mark.parametrize("started", [True, False], ids=["thread-running", "thread-never-started"])
+async def test_a_detach_a_finalizer_had_to_defer_is_done_without_further_help(namespace, busy,
+                                                                            started):
     # A plain break while another thread holds a hub lock: the finalizer may not wait for it,
-    # so the detach is deferred, and with nothing else touching the hub, the source thread
-    # itself must finish it.
+    # so the detach is deferred. With nothing else touching the hub, the source's own thread
+    # finishes it, or, for a source whose thread never started (its only consumer never
+    # waited for a change), a one-off thread does.
     with anyio.fail_after(20):
         async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
             await publisher.publish("worker-added", worker())
-            baseline = _source_threads_and_descriptors()[0]
+            baseline = _source_threads_and_descriptors()
             subscriber = LocalDiscovery.Subscriber(namespace, poll_interval=0.05)
             iteration = aiter(subscriber)
             await anext(iteration)
-            source = _hub._hub.sources[(_keys.namespace_key(namespace), 0.05)]
+            if started:  # waiting for a change starts the source's thread
+                await publisher.publish("worker-added", worker())
+                await anext(iteration)
+            key = (_keys.namespace_key(namespace), 0.05)
+            source = _hub._hub.sources[key]
+            assert source.started is started
             lock = _hub._hub.lock if busy == "hub" else source.lock
             with lock:  # as another thread holding it at that instant would
                 del iteration
-            assert len(_hub._hub.deferred) == 1
-            await wait_until(lambda: _source_threads_and_descriptors()[0] == baseline,
-                             "the deferred detach and the source's end", timeout=5)
-            assert sources(namespace) == {} and not _hub._hub.deferred
+                assert len(source.consumers) == 1  # not detached: deferred
+            await wait_until(
+                lambda: key not in _hub._hub.sources and not _hub._hub.deferred
+                and _source_threads_and_descriptors() == baseline,
+                "the deferred detach and the source's end", timeout=5)
+
+
+async def test_an_iteration_that_only_reads_the_current_workers_starts_no_thread(namespace):
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            for _ in range(3):
+                await publisher.publish("worker-added", worker())
+            threads = _source_threads_and_descriptors()[0]
+            iteration = aiter(LocalDiscovery.Subscriber(namespace))
+            try:
+                assert [(await anext(iteration)).type for _ in range(3)] == ["worker-added"] * 3
+                assert _source_threads_and_descriptors()[0] == threads
+            finally:
+                await iteration.aclose()
+            assert sources(namespace) == {}
+
+
+async def test_a_joiner_of_a_source_without_its_thread_yet_misses_no_change(namespace):
+    # The first iteration read its snapshot and never waited: its source has no thread and its
+    # view is as old as that snapshot. A change, then a second iteration joins: both must see
+    # the change, promptly (the join starts the thread, whose first round catches up).
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            await publisher.publish("worker-added", first := worker())
+            one = aiter(LocalDiscovery.Subscriber(namespace, poll_interval=60))
+            two = None
+            try:
+                assert (await anext(one)).metadata.uid == first.uid
+                await publisher.publish("worker-added", second := worker())
+                two = aiter(LocalDiscovery.Subscriber(namespace, poll_interval=60))
+                seen = [(await anext(two)).metadata.uid for _ in range(2)]
+                assert seen == [first.uid, second.uid]  # the view, then the catch-up
+                event = await anext(one)
+                assert (event.type, event.metadata.uid) == ("worker-added", second.uid)
+                assert sources(namespace) != {}
+                [(binds, scans, consumers)] = sources(namespace).values()
+                assert consumers == 2
+            finally:
+                await one.aclose()
+                if two is not None:
+                    await two.aclose()

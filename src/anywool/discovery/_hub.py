@@ -14,6 +14,7 @@ closed: nothing per namespace outlives its subscriptions.
 
 from __future__ import annotations
 
+import _thread
 import logging
 import os
 import select
@@ -113,7 +114,12 @@ class _Source:
         self.generation: bytes | None = binding.generation
         self.binds = 1
         self.scans = 0
-        self.watcher = _watch.Watcher()
+        # The thread (and its watcher) start when a consumer first waits for a change or a
+        # second consumer joins: an iteration that only reads the current workers never
+        # costs a thread. ``started`` and ``stopped`` change under ``lock``.
+        self.watcher: _watch.Watcher | None = None
+        self.started = False
+        self.stopped = False
         # The stop pipe's descriptors are written and closed only under ``lock`` and set to -1
         # when closed: a descriptor number may be reused at once by any file of the process, so
         # nothing may ever be written to one after it was closed.
@@ -134,13 +140,25 @@ class _Source:
               lock_timeout: float | None) -> list[DiscoveryEvent]:
         """Read the registry once, before any thread runs: the first consumer's snapshot (every
         worker as ``worker-added``, the view being empty until now)."""
-        self.watcher.watch(self.binding.path / "notify")  # type: ignore[union-attr]
         return self._refresh(checkpoint=checkpoint, lock_timeout=lock_timeout)
+
+    def ensure_started(self) -> None:
+        """Start the thread that follows changes, once (a no-op once stopped).
+
+        Its first round reads whatever changed since :meth:`prime`, so starting late loses
+        nothing. Started under ``lock``, so that :meth:`stop` never sees a thread it cannot
+        join; the thread takes ``lock`` only after it is running.
+        """
+        with self.lock:
+            if not self.started and not self.stopped:
+                self.started = True
+                self.thread.start()
 
     def close(self) -> None:
         """Release the watcher, the binding and the stop pipe: by the thread as it ends, or by
         the attaching thread for a source it built but never started."""
-        self.watcher.close()
+        if self.watcher is not None:
+            self.watcher.close()
         if self.binding is not None:
             self.binding.close()
             self.binding = None
@@ -150,20 +168,30 @@ class _Source:
                     os.close(fd)
             self.stop_r = self.stop_w = -1
 
-    def stop(self, *, blocking: bool = True) -> threading.Thread:
-        """Ask the thread to end (a no-op once it has: its stop pipe is closed).
+    def stop(self, *, blocking: bool = True) -> threading.Thread | None:
+        """Ask the thread to end (a no-op once it has: its stop pipe is closed); returns it,
+        to join, or ``None`` when it never started (the source is then closed here).
 
         With ``blocking`` false (from a finalizer) a busy lock is not waited for: the thread is
         delivering or closing at that instant, and a thread whose source left the hub and has
-        no consumer ends by itself at its next wake-up anyway (see :meth:`_serve`).
+        no consumer ends by itself at its next wake-up anyway (see :meth:`_serve`). A source
+        that never started is then closed by the next :meth:`_Hub.drain_deferred`.
         """
-        if self.lock.acquire(blocking):
-            try:
-                if self.stop_w >= 0:
-                    os.write(self.stop_w, b"\0")
-            finally:
-                self.lock.release()
-        return self.thread
+        if not self.lock.acquire(blocking):
+            if self.started:
+                return self.thread
+            _hub.deferred_closes.append(self)
+            return None
+        try:
+            never_started = not self.started and not self.stopped
+            self.stopped = True
+            if self.started and self.stop_w >= 0:
+                os.write(self.stop_w, b"\0")
+        finally:
+            self.lock.release()
+        if never_started:
+            self.close()
+        return self.thread if self.started else None
 
     # -- the thread --
 
@@ -189,24 +217,34 @@ class _Source:
                     consumer.wake()
 
     def _serve(self) -> None:
+        watcher = self.watcher = _watch.Watcher()
+        if self.binding is not None:
+            watcher.watch(self.binding.path / "notify")
+        else:  # orphaned already: a successor appears by a rename into the runtime directory
+            watcher.watch(runtime_dir(create=False), directory=True)
         poller = select.poll()
         poller.register(self.stop_r, select.POLLIN)
-        hint_fd = self.watcher.fileno()
+        hint_fd = watcher.fileno()
         if hint_fd is not None:
             poller.register(hint_fd, select.POLLIN)
         last_failure: str | None = None
+        first = True  # the first round catches up with what changed since prime, unasked
         while True:
-            ready = poller.poll(self.poll_interval * 1000)
-            if any(fd == self.stop_r for fd, _ in ready):
-                return
-            _hub.drain_deferred()
-            if ready:
-                self.watcher.drain()
+            if first:
+                first, probe = False, False
+            else:
+                ready = poller.poll(self.poll_interval * 1000)
+                if any(fd == self.stop_r for fd, _ in ready):
+                    return
+                _hub.drain_deferred()
+                if ready:
+                    watcher.drain()
+                probe = not ready
             with self.lock:
                 if self.unlisted and not self.consumers:
                     return  # a stop request that could not be delivered (see stop)
             try:
-                self._refresh(probe=not ready, checkpoint=self._check_stop)
+                self._refresh(probe=probe, checkpoint=self._check_stop)
             except _Stopped:
                 return
             except Exception as exc:  # a wedged writer, a damaged registry: retry next round
@@ -257,7 +295,8 @@ class _Source:
             with self.lock:
                 self.generation = binding.generation
             self.binds += 1
-            self.watcher.watch(binding.path / "notify")
+            if self.watcher is not None:
+                self.watcher.watch(binding.path / "notify")
             self.scans += 1
             self._counter, current = binding.snapshot(lock_timeout, checkpoint)
             events = _view.diff(self.view, current)
@@ -276,7 +315,8 @@ class _Source:
             self.generation = None
         self._counter = -1
         # A successor appears by renaming its generation into the runtime directory.
-        self.watcher.watch(runtime_dir(create=False), directory=True)
+        if self.watcher is not None:  # (a source not yet started sets its watch as it starts)
+            self.watcher.watch(runtime_dir(create=False), directory=True)
 
 
 class _Hub:
@@ -288,6 +328,8 @@ class _Hub:
         # Detaches a finalizer could not do without waiting for a lock (see detach). A deque:
         # appended to without the lock, drained with popleft, so that nothing is ever lost.
         self.deferred: deque[tuple[_Source, _Consumer]] = deque()
+        # Sources that never started, left by a finalizer that found their lock busy.
+        self.deferred_closes: deque[_Source] = deque()
 
     def attach(self, namespace: str, poll_interval: float, consumer: _Consumer,
                checkpoint: Callable[[], None], *, in_loop: bool = False) -> _Source:
@@ -338,8 +380,7 @@ class _Hub:
                             source.consumers.add(consumer)
                             if primed:
                                 consumer.deliver(primed)
-                        source.thread.start()
-                        return source
+                        return source  # its thread starts when a consumer first waits
                     if source is not None:
                         with source.lock:
                             source.consumers.add(consumer)
@@ -347,7 +388,7 @@ class _Hub:
                                         for m in source.view.values()]
                             if snapshot:
                                 consumer.deliver(snapshot)
-                        return source
+                        break
                 # No source: build one outside the hub lock, then install it unless another
                 # thread installed its own meanwhile (then join that one and drop ours).
                 assert probe is not None
@@ -364,18 +405,37 @@ class _Hub:
                 probe.close()
             if fresh is not None:
                 fresh.close()
+        # Joined a source: the snapshot was its view, which follows the registry only while
+        # its thread runs. Start it (if not yet): its first round brings every consumer, this
+        # one included, up to date with whatever changed since that view was read.
+        source.ensure_started()
+        return source
 
     def drain_deferred(self) -> None:
         """Do the detaches finalizers had to leave (see :meth:`detach`): at every attach, and
         at every wake-up of every source thread (so within a poll interval at the latest).
 
+        Also by a one-off thread when the source of a deferred detach never started its own.
         Must be called with neither the hub lock nor any source lock held."""
         while True:
             try:
                 source, consumer = self.deferred.popleft()
             except IndexError:
-                return
+                break
             self.detach(source, consumer)  # its thread is not joined: told, it ends promptly
+        while True:
+            try:
+                self.deferred_closes.popleft().stop()
+            except IndexError:
+                return
+
+    def _defer(self, source: _Source, consumer: _Consumer) -> None:
+        self.deferred.append((source, consumer))
+        if not source.started:
+            # No thread of its own will wake up to do it: a one-off thread waits for the locks
+            # and drains. Started with _thread, as a finalizer may run while threading's own
+            # locks are held by the thread it interrupted.
+            _thread.start_new_thread(self.drain_deferred, ())
 
     def detach(self, source: _Source, consumer: _Consumer, *,
                blocking: bool = True) -> threading.Thread | None:
@@ -387,11 +447,11 @@ class _Hub:
         closed once it is detached.
         """
         if not self.lock.acquire(blocking):
-            self.deferred.append((source, consumer))
+            self._defer(source, consumer)
             return None
         try:
             if not source.lock.acquire(blocking):
-                self.deferred.append((source, consumer))
+                self._defer(source, consumer)
                 return None
             try:
                 source.consumers.discard(consumer)
@@ -565,6 +625,7 @@ async def _receive(source: _Source, consumer: _Consumer) -> list[DiscoveryEvent]
         if events:
             _view.apply(consumer.view, events)
             return events
+        source.ensure_started()  # nothing queued: changes are what this consumer waits for
         await anyio.wait_readable(consumer.wake_r)
         try:
             os.read(consumer.wake_r, 4096)

@@ -209,7 +209,7 @@ class Binding(Generation):
                 if index is None:
                     raise DiscoveryCapacityExhausted(self.header.capacity)
             self.table.commit(index, kind, metadata.uid, lease, payload)
-        _watch.touch_hint(self.path)
+        _watch.touch_hint(self.dir_fd)
         return True
 
     def withdraw(self, lease: bytes, *, lock_timeout: float | None,
@@ -232,7 +232,7 @@ class Binding(Generation):
                 self.table.commit(index, "worker-dropped", UUID(bytes=slots[index][0]),
                                   EMPTY_UID, b"")
         if indices:
-            _watch.touch_hint(self.path)
+            _watch.touch_hint(self.dir_fd)
         return len(indices)
 
     # -- leases --

@@ -151,7 +151,7 @@ class Claim(Generation):
                             unlock(self.registry_fd)
             finally:
                 # Whatever happened to the registry (even corrupted), its files go.
-                _remove_generation(self.root, self.path)
+                _remove_generation(self.root, self.path, self.dir_fd)
         finally:
             self.close()  # releases the owner's flock
         if interrupted is not None:
@@ -187,7 +187,7 @@ class Claim(Generation):
         os.pwrite(self.registry_fd, struct.pack("<QB", min(counter + 1, MAX_COUNTER), 1),
                   COUNTER_OFFSET)
         self._retired = True
-        _watch.touch_hint(self.path)
+        _watch.touch_hint(self.dir_fd)
 
     def reap(self, lock_timeout: float | None = 5.0,
              checkpoint: Callable[[], None] | None = None) -> list[UUID]:
@@ -219,7 +219,7 @@ class Claim(Generation):
             unlink_quietly(self.path / f"lease-{lease.hex()}")
         sweep_pending_leases(self.path)
         if recovered or removed:
-            _watch.touch_hint(self.path)
+            _watch.touch_hint(self.dir_fd)
         return removed
 
 
@@ -273,12 +273,13 @@ def _claim(namespace: str, root: Path, target: Path, capacity: int, block_size: 
             fcntl.flock(dir_fd, fcntl.LOCK_EX)
         elif not try_lock(dir_fd, fcntl.LOCK_EX):
             raise _Busy  # a sweeper is removing it: let the blocking path start over
-        owner_fd = open_file(tmp / "owner", os.O_RDWR | os.O_CREAT | os.O_EXCL)
-        os.fchmod(owner_fd, 0o600)
+        # Files are created relative to the directory's descriptor (no path to resolve
+        # again); borrowers only read the owner file, so the umask may narrow its mode.
+        owner_fd = open_file("owner", os.O_RDWR | os.O_CREAT | os.O_EXCL, dir_fd=dir_fd)
         fcntl.flock(owner_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        registry_fd, header = _create_registry(tmp, namespace, capacity, block_size)
-        fd = open_file(tmp / "notify", os.O_RDWR | os.O_CREAT | os.O_EXCL)
-        os.fchmod(fd, 0o600)
+        registry_fd, header = _create_registry(dir_fd, namespace, capacity, block_size)
+        fd = open_file("notify", os.O_RDWR | os.O_CREAT | os.O_EXCL, dir_fd=dir_fd)
+        os.fchmod(fd, 0o600)  # publishers write it, whatever the umask
         os.close(fd)
         for attempt in range(3):
             try:
@@ -310,11 +311,11 @@ class _Busy(Exception):
     """A non-blocking claim found something it would have to wait for."""
 
 
-def _create_registry(directory: Path, namespace: str, capacity: int,
+def _create_registry(dir_fd: int, namespace: str, capacity: int,
                      block_size: int) -> tuple[int, Header]:
-    fd = open_file(directory / "registry", os.O_RDWR | os.O_CREAT | os.O_EXCL)
+    fd = open_file("registry", os.O_RDWR | os.O_CREAT | os.O_EXCL, dir_fd=dir_fd)
     try:
-        os.fchmod(fd, 0o600)
+        os.fchmod(fd, 0o600)  # borrowers write it, whatever the umask
         table = Table(fd, capacity, block_size)
         os.ftruncate(fd, table.size)
         # Reserve the header and slots now; journal entries and blocks are reserved by the
@@ -384,17 +385,28 @@ def _sweep_dead(root: Path, target: Path) -> None:
         locked = os.fstat(fd)
         if (current.st_dev, current.st_ino) != (locked.st_dev, locked.st_ino):
             return  # another sweeper replaced it meanwhile
-        _remove_generation(root, target)
+        _remove_generation(root, target, fd)
     finally:
         os.close(fd)
 
 
-def _remove_generation(root: Path, path: Path) -> None:
-    dead = root / f"dead-{secrets.token_hex(8)}"
+def _remove_generation(root: Path, path: Path, dir_fd: int | None = None) -> None:
+    """Rename the generation out of the namespace's way (a successor may claim at once), then
+    remove it: through ``dir_fd``, its directory's descriptor, when the caller has one (the
+    files of a generation are plain files), else by walking it."""
+    dead = os.path.join(root, f"dead-{secrets.token_hex(8)}")
     try:
         os.rename(path, dead)
     except FileNotFoundError:
         return
+    if dir_fd is not None:
+        try:
+            for name in os.listdir(dir_fd):
+                os.unlink(name, dir_fd=dir_fd)
+            os.rmdir(dead)
+            return
+        except OSError:
+            pass  # something else in it (or it changed meanwhile): walk it
     shutil.rmtree(dead, ignore_errors=True)
 
 
@@ -459,7 +471,7 @@ def _sweep_leftovers(root: Path, keep: Path | None) -> None:
             if (current.st_dev, current.st_ino) != (info.st_dev, info.st_ino):
                 continue  # replaced meanwhile by someone else's generation
             if name.startswith("ns-"):
-                _remove_generation(root, path)
+                _remove_generation(root, path, fd)
             else:
                 shutil.rmtree(path, ignore_errors=True)
         finally:

@@ -91,8 +91,9 @@ def open_dir(path: Path) -> int:
     return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
-def open_file(path: Path, flags: int = os.O_RDWR) -> int:
-    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+def open_file(path: Path | str, flags: int = os.O_RDWR, *, dir_fd: int | None = None) -> int:
+    """Open (``O_NOFOLLOW``, ``O_CLOEXEC``) ``path``, relative to ``dir_fd`` when given."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
 
 
 def close_quietly(fd: int | None) -> None:

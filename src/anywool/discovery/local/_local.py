@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.from_thread
+import anyio.lowlevel
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
@@ -327,7 +328,11 @@ class LocalDiscovery(Discovery, SingleUse):
             :raises RuntimeError: this publisher was entered before.
             """
             self._enter_once()
-            await anyio.to_thread.run_sync(self._bind_first)
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            if _runtime_dir.in_memory():
+                self._bind_first()  # files in memory only: nothing here can wait
+            else:
+                await anyio.to_thread.run_sync(self._bind_first)
             return self
 
         async def __aexit__(self, *exc_info: object) -> None:
@@ -351,6 +356,10 @@ class LocalDiscovery(Discovery, SingleUse):
             runs, then the cancellation propagates.
             """
             self._released = True  # no publish from here on
+            if _runtime_dir.in_memory() and self._leave_now():
+                # All done in the loop; an enclosing cancellation still propagates from here.
+                await anyio.lowlevel.checkpoint_if_cancelled()
+                return
             await graceful_then_forceful(
                 lambda: anyio.to_thread.run_sync(self._withdraw),
                 lambda: anyio.to_thread.run_sync(self._release),
@@ -377,7 +386,9 @@ class LocalDiscovery(Discovery, SingleUse):
 
             Cancellation: safe at any point; a cancelled publish either committed fully or not
             at all and never leaves the registry lock held (the lock is polled, never waited on
-            in the kernel, and the thread checks for cancellation between attempts).
+            in the kernel, and the thread checks for cancellation between attempts). On a
+            memory file system with the lock free, the publish is done in the event loop
+            without a thread hop: a cancellation point then, not a schedule point.
             """
             if type not in EVENT_TYPES:
                 raise ValueError(f"type must be one of {sorted(EVENT_TYPES)}, got {type!r}")
@@ -385,6 +396,9 @@ class LocalDiscovery(Discovery, SingleUse):
                 raise TypeError(f"metadata must be a WorkerMetadata, got {metadata!r}")
             if not self._entered or self._released:
                 raise RuntimeError("publish needs an entered publisher (inside its async with)")
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            if _runtime_dir.in_memory() and self._publish_now(type, metadata):
+                return
             await anyio.to_thread.run_sync(self._publish, type, metadata)
 
         _released = False
@@ -442,6 +456,36 @@ class LocalDiscovery(Discovery, SingleUse):
                                      checkpoint=anyio.from_thread.check_cancelled)
             finally:
                 self._done(held)
+
+        def _publish_now(self, type: str, metadata: WorkerMetadata) -> bool:
+            """Publish in the event loop if the registry lock is free right now (on a memory
+            file system nothing else on the way can wait); ``False``: nothing was written, the
+            lock is taken (the thread path waits for it)."""
+            held = self._acquire(rebind=True)
+            assert held is not None
+            try:
+                held.binding.publish(type, metadata, held.lease.id, lock_timeout=0)
+            except TimeoutError:
+                return False
+            finally:
+                self._done(held)
+            return True
+
+        def _leave_now(self) -> bool:
+            """The whole exit in the event loop, if the registry lock is free right now;
+            ``False``: nothing was withdrawn (the two-phase exit takes over)."""
+            held = self._acquire(rebind=False)
+            if held is not None:
+                try:
+                    if held.binding.is_live():
+                        held.binding.withdraw(held.lease.id, lock_timeout=0)
+                except Exception:  # the lock is taken (or worse): the graceful part handles it
+                    return False
+                finally:
+                    self._done(held)
+            self._withdrawn = True
+            self._release()
+            return True
 
         def _withdraw(self) -> None:
             """The graceful part of the exit: withdraw under the lock, cancellably."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 from anywool.discovery.local._flock import open_file
 
@@ -22,10 +21,11 @@ else:  # pragma: no cover
     inotify_simple = None
 
 
-def touch_hint(path: Path) -> None:
-    """Write the change hint (inotify reports IN_MODIFY); best effort, it is only a hint."""
+def touch_hint(dir_fd: int) -> None:
+    """Write the change hint of the generation whose directory ``dir_fd`` is (inotify reports
+    IN_MODIFY); best effort, it is only a hint."""
     try:
-        fd = open_file(path / "notify", os.O_WRONLY)
+        fd = open_file("notify", os.O_WRONLY, dir_fd=dir_fd)
     except OSError:
         return
     try:
