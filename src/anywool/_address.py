@@ -104,6 +104,21 @@ class Address:
         return f"{host}:{self.port}"
 
 
+def is_valid(text: str) -> bool:
+    """Whether ``text`` parses as an address (one to connect to: port ``0`` is not valid).
+
+    The same grammar as :meth:`Address.parse`, without building an :class:`Address` for the
+    common Unix form: snapshots check one address per worker.
+    """
+    if text.startswith(_UNIX):
+        return text.startswith(_UNIX + "/")  # all a unix: address needs (see _problem)
+    try:
+        Address.parse(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _problem(path: str | None, host: str | None, port: int | None) -> str | None:
     """What is wrong with these fields as an address, or ``None``."""
     if path is not None:

@@ -75,3 +75,19 @@ def test_an_address_has_exactly_one_form():
         Address.tcp("h", 65536)
     with pytest.raises(TypeError, match="must be a str"):
         Address.parse(b"unix:/s")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("text", [
+    "unix:/a/s", "unix:/", "unix:rel", "unix:", "host:80", "h:0", "h:70000", "[::1]:9",
+    "::1:9", "[h]:9", ":80", "host:", "nowhere", "a b:1", "10.0.0.1:65535",
+])
+def test_is_valid_agrees_with_parse(text):
+    from anywool._address import Address, is_valid
+
+    try:
+        Address.parse(text)
+    except ValueError:
+        parses = False
+    else:
+        parses = True
+    assert is_valid(text) is parses

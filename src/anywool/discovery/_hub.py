@@ -58,6 +58,18 @@ class _Stopped(Exception):
     """The source was told to stop while it waited for the registry lock."""
 
 
+class _Snapshot(list[DiscoveryEvent]):
+    """A new consumer's first batch: every worker of ``view`` as ``worker-added``. Carrying
+    the view lets the consumer take it as its own at once (when it reads the batch, not
+    before: a batch dropped by an overflow must leave the consumer's view as it was)."""
+
+    def __init__(self, view: dict[UUID, WorkerMetadata],
+                 events: list[DiscoveryEvent] | None = None) -> None:
+        super().__init__(events if events is not None else
+                         [DiscoveryEvent("worker-added", m) for m in view.values()])
+        self.view = view
+
+
 class _Consumer:
     """One iteration's end of a source: a bounded batch queue and a wake pipe."""
 
@@ -123,7 +135,7 @@ class _Source:
         # The stop pipe's descriptors are written and closed only under ``lock`` and set to -1
         # when closed: a descriptor number may be reused at once by any file of the process, so
         # nothing may ever be written to one after it was closed.
-        self.stop_r, self.stop_w = os.pipe()
+        self.stop_r = self.stop_w = -1  # made as the thread starts
         # Set (under ``lock``) when the thread ended for any other reason than a stop: every
         # consumer's iteration then raises it instead of waiting for events that never come.
         self.failure: BaseException | None = None
@@ -131,8 +143,7 @@ class _Source:
         # generation's source replaced it).
         self.unlisted = False
         self._counter = -1
-        self.thread = threading.Thread(
-            target=self._run, name=f"anywool-source-{key[0]}", daemon=True)
+        self.thread: threading.Thread | None = None
 
     # -- lifecycle (hub lock held) --
 
@@ -151,6 +162,9 @@ class _Source:
         """
         with self.lock:
             if not self.started and not self.stopped:
+                self.stop_r, self.stop_w = os.pipe()
+                self.thread = threading.Thread(
+                    target=self._run, name=f"anywool-source-{self.key[0]}", daemon=True)
                 self.started = True
                 self.thread.start()
 
@@ -181,6 +195,7 @@ class _Source:
             if self.started:
                 return self.thread
             _hub.deferred_closes.append(self)
+            _thread.start_new_thread(_hub.drain_deferred, ())  # see _Hub._defer
             return None
         try:
             never_started = not self.started and not self.stopped
@@ -271,18 +286,24 @@ class _Source:
         :param lock_timeout: seconds the registry lock may be waited for.
         """
         events: list[DiscoveryEvent] = []
+        # After a snapshot the new view is the snapshot itself (a dict of our own); after a
+        # journal read, the events are applied to the view.
+        replacement: dict[UUID, WorkerMetadata] | None = None
         binding = self.binding
         if binding is not None:
             counter, retired = binding.counter()
             if retired or (probe and not binding.is_live()):
                 events = [DiscoveryEvent("worker-dropped", m) for m in self.view.values()]
+                replacement = {}
                 self._orphan()
             elif counter != self._counter:
                 self.scans += 1
-                journal = binding.changes_since(self._counter, lock_timeout, checkpoint)
+                # Nothing read yet (-1): the journal cannot help, read a snapshot at once.
+                journal = None if self._counter < 0 else \
+                    binding.changes_since(self._counter, lock_timeout, checkpoint)
                 if journal is None:  # fell behind the journal: the net difference instead
-                    self._counter, current = binding.snapshot(lock_timeout, checkpoint)
-                    events = _view.diff(self.view, current)
+                    self._counter, replacement = binding.snapshot(lock_timeout, checkpoint)
+                    events = _view.diff(self.view, replacement)
                 else:
                     self._counter, changes = journal
                     events = _view.replay(self.view, ((c.uid, c.metadata) for c in changes))
@@ -298,11 +319,14 @@ class _Source:
             if self.watcher is not None:
                 self.watcher.watch(binding.path / "notify")
             self.scans += 1
-            self._counter, current = binding.snapshot(lock_timeout, checkpoint)
-            events = _view.diff(self.view, current)
+            self._counter, replacement = binding.snapshot(lock_timeout, checkpoint)
+            events = _view.diff(self.view, replacement)
         if events:
             with self.lock:
-                _view.apply(self.view, events)
+                if replacement is not None:
+                    self.view = replacement
+                else:
+                    _view.apply(self.view, events)
                 for consumer in self.consumers:
                     consumer.deliver(events)
         return events
@@ -379,15 +403,13 @@ class _Hub:
                         with source.lock:
                             source.consumers.add(consumer)
                             if primed:
-                                consumer.deliver(primed)
+                                consumer.deliver(_Snapshot(dict(source.view), primed))
                         return source  # its thread starts when a consumer first waits
                     if source is not None:
                         with source.lock:
                             source.consumers.add(consumer)
-                            snapshot = [DiscoveryEvent("worker-added", m)
-                                        for m in source.view.values()]
-                            if snapshot:
-                                consumer.deliver(snapshot)
+                            if source.view:
+                                consumer.deliver(_Snapshot(dict(source.view)))
                         break
                 # No source: build one outside the hub lock, then install it unless another
                 # thread installed its own meanwhile (then join that one and drop ours).
@@ -623,7 +645,10 @@ async def _receive(source: _Source, consumer: _Consumer) -> list[DiscoveryEvent]
             else:
                 events = None
         if events:
-            _view.apply(consumer.view, events)
+            if isinstance(events, _Snapshot) and not consumer.view:
+                consumer.view = events.view  # a copy of the source's view: ours now
+            else:
+                _view.apply(consumer.view, events)
             return events
         source.ensure_started()  # nothing queued: changes are what this consumer waits for
         await anyio.wait_readable(consumer.wake_r)

@@ -33,6 +33,8 @@ def event_for(known: Optional[WorkerMetadata],
 def diff(old: Mapping[UUID, WorkerMetadata],
          new: Mapping[UUID, WorkerMetadata]) -> list[DiscoveryEvent]:
     """The events that turn view ``old`` into ``new``: drops first, then in ``new``'s order."""
+    if not old:  # a first read: every worker is new
+        return [DiscoveryEvent("worker-added", m) for m in new.values()]
     events = [DiscoveryEvent("worker-dropped", m) for uid, m in old.items() if uid not in new]
     for uid, metadata in new.items():
         event = event_for(old.get(uid), metadata)

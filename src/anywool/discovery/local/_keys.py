@@ -8,6 +8,7 @@ collide can never share a registry.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 from pathlib import Path
 
@@ -24,7 +25,12 @@ def namespace_key(namespace: str) -> str:
     The raw name never reaches the file system, so any string (``"a/b"``, ``".."``, NUL,
     10 000 characters) is a valid namespace.
     """
-    raw = hashlib.blake2b(b"ns\0" + _encode(namespace), digest_size=KEY_BYTES).digest()
+    return _key(namespace, KEY_BYTES)
+
+
+@functools.lru_cache(maxsize=1024)
+def _key(namespace: str, size: int) -> str:
+    raw = hashlib.blake2b(b"ns\0" + _encode(namespace), digest_size=size).digest()
     return base64.b32encode(raw).decode("ascii").rstrip("=").lower()
 
 
