@@ -603,3 +603,23 @@ async def test_a_publish_under_a_held_registry_lock_waits_for_it_in_a_thread(nam
             async for event in discovery.subscriber:
                 assert event.type == "worker-added"
                 break
+
+
+async def test_exit_cancels_a_reap_waiting_for_the_registry_lock(namespace, runtime_dir):
+    # The reaper ends by an event at exit, not by cancellation, unless it is inside a reap:
+    # a reap waiting for a lock held elsewhere (for up to 5 s) must not hold the exit up.
+    import fcntl
+
+    with anyio.fail_after(10):
+        owner = LocalDiscovery(namespace, reap_interval=0.01, teardown_timeout=0.1)
+        await owner.__aenter__()
+        assert owner.path is not None
+        holder = os.open(os.path.join(owner.path, "registry"), os.O_RDWR)
+        try:
+            fcntl.flock(holder, fcntl.LOCK_EX)
+            await wait_until(lambda: owner._reaping, "a reap waiting for the lock")
+            with anyio.fail_after(3):  # well inside the reap's own 5 s lock timeout
+                await owner.__aexit__(None, None, None)
+        finally:
+            os.close(holder)
+    assert os.listdir(runtime_dir) == []

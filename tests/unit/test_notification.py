@@ -18,7 +18,7 @@ pytestmark = pytest.mark.anyio
 
 async def test_attribute_change_counts_as_a_hint(namespace, monkeypatch):
     # Some writers only touch the hint (mtime): inotify reports IN_ATTRIB, not IN_MODIFY.
-    def touch(dir_fd: int) -> None:
+    def touch(notify_fd: int, dir_fd: int) -> None:
         os.utime("notify", dir_fd=dir_fd)
 
     monkeypatch.setattr(_watch, "touch_hint", touch)
@@ -37,7 +37,7 @@ async def test_attribute_change_counts_as_a_hint(namespace, monkeypatch):
 
 async def test_without_the_hint_subscribers_converge_by_polling(namespace, monkeypatch):
     monkeypatch.setattr(_watch, "inotify_simple", None)
-    monkeypatch.setattr(_watch, "touch_hint", lambda dir_fd: None)
+    monkeypatch.setattr(_watch, "touch_hint", lambda notify_fd, dir_fd: None)
     with anyio.fail_after(10):
         async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
             first = worker()
@@ -54,7 +54,7 @@ async def test_without_the_hint_subscribers_converge_by_polling(namespace, monke
 
 async def test_default_poll_interval_converges_within_a_second_or_so(namespace, monkeypatch):
     monkeypatch.setattr(_watch, "inotify_simple", None)
-    monkeypatch.setattr(_watch, "touch_hint", lambda dir_fd: None)
+    monkeypatch.setattr(_watch, "touch_hint", lambda notify_fd, dir_fd: None)
     with anyio.fail_after(10):
         async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
             first = worker()

@@ -58,7 +58,7 @@ class Generation:
     """Descriptors on one generation (its directory and registry) and the registry's layout."""
 
     def __init__(self, namespace: str, path: Path, dir_fd: int, registry_fd: int,
-                 header: Header, owner_fd: int = -1) -> None:
+                 header: Header, owner_fd: int = -1, notify_fd: int = -1) -> None:
         self.namespace = namespace
         self.path = path
         self.dir_fd = dir_fd
@@ -66,6 +66,8 @@ class Generation:
         # directory's, which claimants probe), so that their probes, however many, never make
         # a dead owner look alive to a claimant. -1 for a generation without one.
         self.owner_fd = owner_fd
+        # The change hint, kept open: every change writes it (-1: opened for each write).
+        self.notify_fd = notify_fd
         self.registry_fd = registry_fd
         self.header = header
         self.table = Table(registry_fd, header.capacity, header.block_size)
@@ -97,11 +99,16 @@ class Generation:
     def block_size(self) -> int:
         return self.header.block_size
 
+    def hint(self) -> None:
+        """Write the change hint (see :mod:`._watch`)."""
+        _watch.touch_hint(self.notify_fd, self.dir_fd)
+
     def close(self) -> None:
         close_quietly(self.registry_fd)
         close_quietly(self.owner_fd)
+        close_quietly(self.notify_fd)
         close_quietly(self.dir_fd)
-        self.registry_fd = self.owner_fd = self.dir_fd = -1
+        self.registry_fd = self.owner_fd = self.notify_fd = self.dir_fd = -1
 
 
 class Binding(Generation):
@@ -209,7 +216,7 @@ class Binding(Generation):
                 if index is None:
                     raise DiscoveryCapacityExhausted(self.header.capacity)
             self.table.commit(index, kind, metadata.uid, lease, payload)
-        _watch.touch_hint(self.dir_fd)
+        self.hint()
         return True
 
     def withdraw(self, lease: bytes, *, lock_timeout: float | None,
@@ -232,7 +239,7 @@ class Binding(Generation):
                 self.table.commit(index, "worker-dropped", UUID(bytes=slots[index][0]),
                                   EMPTY_UID, b"")
         if indices:
-            _watch.touch_hint(self.dir_fd)
+            self.hint()
         return len(indices)
 
     # -- leases --
@@ -315,7 +322,11 @@ def bind(namespace: str, root: Path | None = None) -> Binding:
         if os.fstat(registry_fd).st_size < Table(registry_fd, header.capacity,
                                                  header.block_size).size:
             raise ValueError("it is truncated")
-        binding = Binding(namespace, path, dir_fd, registry_fd, header, owner_fd)
+        try:
+            notify_fd = open_file("notify", os.O_WRONLY, dir_fd=dir_fd)
+        except OSError:
+            notify_fd = -1  # the hint is best effort: opened again at each change
+        binding = Binding(namespace, path, dir_fd, registry_fd, header, owner_fd, notify_fd)
         if not binding.is_live():
             raise DiscoveryNamespaceNotFound(namespace)
         return binding

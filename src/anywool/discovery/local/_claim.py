@@ -20,7 +20,6 @@ from pathlib import Path
 from uuid import UUID
 
 from anywool._runtime_dir import runtime_dir
-from anywool.discovery.local import _watch
 from anywool.discovery.local._binding import (
     Generation,
     lease_ids,
@@ -64,8 +63,8 @@ class Claim(Generation):
     """
 
     def __init__(self, namespace: str, root: Path, path: Path, dir_fd: int, registry_fd: int,
-                 header: Header, owner_fd: int = -1) -> None:
-        super().__init__(namespace, path, dir_fd, registry_fd, header, owner_fd)
+                 header: Header, owner_fd: int = -1, notify_fd: int = -1) -> None:
+        super().__init__(namespace, path, dir_fd, registry_fd, header, owner_fd, notify_fd)
         self.root = root
         self.pid = os.getpid()
         self._released = False
@@ -187,7 +186,7 @@ class Claim(Generation):
         os.pwrite(self.registry_fd, struct.pack("<QB", min(counter + 1, MAX_COUNTER), 1),
                   COUNTER_OFFSET)
         self._retired = True
-        _watch.touch_hint(self.dir_fd)
+        self.hint()
 
     def reap(self, lock_timeout: float | None = 5.0,
              checkpoint: Callable[[], None] | None = None) -> list[UUID]:
@@ -219,7 +218,7 @@ class Claim(Generation):
             unlink_quietly(self.path / f"lease-{lease.hex()}")
         sweep_pending_leases(self.path)
         if recovered or removed:
-            _watch.touch_hint(self.dir_fd)
+            self.hint()
         return removed
 
 
@@ -266,7 +265,7 @@ def _claim(namespace: str, root: Path, target: Path, capacity: int, block_size: 
            reclaim: bool, *, blocking: bool) -> Claim | None:
     tmp = root / f"tmp-{secrets.token_hex(8)}"
     os.mkdir(tmp, 0o700)
-    dir_fd = registry_fd = owner_fd = None
+    dir_fd = registry_fd = owner_fd = notify_fd = None
     try:
         dir_fd = open_dir(tmp)
         if blocking:
@@ -278,13 +277,13 @@ def _claim(namespace: str, root: Path, target: Path, capacity: int, block_size: 
         owner_fd = open_file("owner", os.O_RDWR | os.O_CREAT | os.O_EXCL, dir_fd=dir_fd)
         fcntl.flock(owner_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         registry_fd, header = _create_registry(dir_fd, namespace, capacity, block_size)
-        fd = open_file("notify", os.O_RDWR | os.O_CREAT | os.O_EXCL, dir_fd=dir_fd)
-        os.fchmod(fd, 0o600)  # publishers write it, whatever the umask
-        os.close(fd)
+        notify_fd = open_file("notify", os.O_RDWR | os.O_CREAT | os.O_EXCL, dir_fd=dir_fd)
+        os.fchmod(notify_fd, 0o600)  # publishers write it, whatever the umask
         for attempt in range(3):
             try:
                 os.rename(tmp, target)
-                return Claim(namespace, root, target, dir_fd, registry_fd, header, owner_fd)
+                return Claim(namespace, root, target, dir_fd, registry_fd, header, owner_fd,
+                             notify_fd)
             except OSError as exc:
                 if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
                     raise
@@ -300,6 +299,7 @@ def _claim(namespace: str, root: Path, target: Path, capacity: int, block_size: 
     except BaseException as exc:
         close_quietly(registry_fd)
         close_quietly(owner_fd)
+        close_quietly(notify_fd)
         close_quietly(dir_fd)
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, _Busy):

@@ -132,6 +132,10 @@ class LocalDiscovery(Discovery, SingleUse):
                                                     allow_zero=True)
         self._claim: _claim.Claim | None = None
         self._task_group: TaskGroup | None = None
+        # Ends the reaper at exit: waking it costs less than cancelling it (a claim and
+        # release is mostly this task's start and end); a reap in progress is cancelled.
+        self._stop_reaping: anyio.Event | None = None
+        self._reaping = False
 
     @property
     def namespace(self) -> str:
@@ -196,7 +200,9 @@ class LocalDiscovery(Discovery, SingleUse):
         try:
             self._task_group = anyio.create_task_group()
             await self._task_group.__aenter__()
-            self._task_group.start_soon(self._reap_forever, claim, name="anywool-local-reaper")
+            self._stop_reaping = anyio.Event()
+            self._task_group.start_soon(self._reap_forever, claim, self._stop_reaping,
+                                        name="anywool-local-reaper")
         except BaseException:
             self._task_group = None
             with anyio.CancelScope(shield=True):
@@ -230,7 +236,12 @@ class LocalDiscovery(Discovery, SingleUse):
         claim, task_group = self._claim, self._task_group
         self._claim = self._task_group = None
         try:
-            await exit_task_group(task_group)
+            if task_group is not None:
+                assert self._stop_reaping is not None
+                self._stop_reaping.set()
+                if self._reaping:  # in a reap's thread, maybe waiting for the registry lock
+                    task_group.cancel_scope.cancel()
+            await exit_task_group(task_group, cancel=False)
         finally:
             if claim is not None and not self._released_in_loop(claim):
                 # Not done in the loop at once (a writer holds the registry lock, or the
@@ -265,10 +276,14 @@ class LocalDiscovery(Discovery, SingleUse):
     def _release(self, claim: _claim.Claim) -> None:
         claim.release(self._lock_timeout, anyio.from_thread.check_cancelled)
 
-    async def _reap_forever(self, claim: _claim.Claim) -> None:
+    async def _reap_forever(self, claim: _claim.Claim, stop: anyio.Event) -> None:
         last_failure: str | None = None
         while True:
-            await anyio.sleep(self._reap_interval)
+            with anyio.move_on_after(self._reap_interval):
+                await stop.wait()
+            if stop.is_set():
+                return
+            self._reaping = True
             try:
                 await anyio.to_thread.run_sync(self._reap, claim)
             except Exception as exc:  # logged once per kind of failure, not every round
@@ -278,6 +293,8 @@ class LocalDiscovery(Discovery, SingleUse):
                                 self._namespace, self._reap_interval, exc_info=True)
             else:
                 last_failure = None
+            finally:
+                self._reaping = False
 
     @staticmethod
     def _reap(claim: _claim.Claim) -> None:

@@ -21,19 +21,23 @@ else:  # pragma: no cover
     inotify_simple = None
 
 
-def touch_hint(dir_fd: int) -> None:
-    """Write the change hint of the generation whose directory ``dir_fd`` is (inotify reports
-    IN_MODIFY); best effort, it is only a hint."""
-    try:
-        fd = open_file("notify", os.O_WRONLY, dir_fd=dir_fd)
-    except OSError:
-        return
+def touch_hint(notify_fd: int, dir_fd: int) -> None:
+    """Write the change hint of a generation (inotify reports IN_MODIFY): through ``notify_fd``
+    when its holder keeps the file open, else opened through ``dir_fd``, the generation's
+    directory. Best effort: it is only a hint."""
+    fd = notify_fd
+    if fd < 0:
+        try:
+            fd = open_file("notify", os.O_WRONLY, dir_fd=dir_fd)
+        except OSError:
+            return
     try:
         os.pwrite(fd, b"\x01", 0)
     except OSError:
         pass
     finally:
-        os.close(fd)
+        if fd != notify_fd:
+            os.close(fd)
 
 
 class Watcher:
