@@ -135,14 +135,16 @@ class WorkerMetadata:
                 and type(pid) is int and type(worker_version) is str and type(tags) is list
                 and type(extra) is dict and type(secure) is bool
                 and (not tags or all(type(tag) is str for tag in tags))
-                and _address.is_valid(address)):
+                and (address.startswith("unix:/") or _address.is_valid(address))):
             # Exactly what to_bytes writes (and msgpack's str map keys are checked by
             # strict_map_key): build without re-validating. Snapshots decode one record per
             # worker, so this halves their cost.
             self = object.__new__(cls)
             self.__dict__.update(uid=_uuid_from_bytes(uid), address=address, pid=pid,
-                                 version=worker_version, tags=frozenset(tags),
-                                 extra=MappingProxyType(extra), secure=secure)
+                                 version=worker_version,
+                                 tags=frozenset(tags) if tags else _NO_TAGS,
+                                 extra=MappingProxyType(extra) if extra else _NO_EXTRA,
+                                 secure=secure)
             return self
         if not isinstance(tags, list):
             raise ValueError(f"not an encoded WorkerMetadata: tags are {type(tags).__name__}")
@@ -162,7 +164,10 @@ def _uuid_from_bytes_directly(raw: bytes) -> UUID:
     return uid
 
 
-_UNKNOWN_SAFETY = SafeUUID.unknown  # an enum member's lookup costs as much as the rest
+_UNKNOWN_SAFETY = SafeUUID.unknown
+# Immutable, so every record without tags or extra shares these.
+_NO_TAGS: frozenset[str] = frozenset()
+_NO_EXTRA: Mapping[str, Any] = MappingProxyType({})  # an enum member's lookup costs as much as the rest
 
 
 def _checked_uuid_constructor() -> Callable[[bytes], UUID]:

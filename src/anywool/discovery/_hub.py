@@ -78,9 +78,16 @@ class _Consumer:
         self.queued = 0
         self.overflowed = False
         self.view: dict[UUID, WorkerMetadata] = {}
-        self.wake_r, self.wake_w = os.pipe()
-        os.set_blocking(self.wake_r, False)
-        os.set_blocking(self.wake_w, False)
+        # Made (under the source lock) when the consumer first waits: until then it looks at
+        # its queue before it would wait, so there is nobody to wake.
+        self.wake_r = self.wake_w = -1
+
+    def ready_to_wait(self) -> None:
+        """Make the wake pipe, if not yet (source lock held)."""
+        if self.wake_r < 0:
+            self.wake_r, self.wake_w = os.pipe()
+            os.set_blocking(self.wake_r, False)
+            os.set_blocking(self.wake_w, False)
 
     # Called with the source lock held, from the source thread or an attaching thread.
     def deliver(self, events: list[DiscoveryEvent]) -> None:
@@ -96,6 +103,8 @@ class _Consumer:
 
     def wake(self) -> None:
         """Make the consumer's loop look at its queue (and its source's failure)."""
+        if self.wake_w < 0:
+            return  # not waiting (yet): it looks at its queue before it does
         try:
             os.write(self.wake_w, b"\0")
         except (BlockingIOError, OSError):
@@ -103,10 +112,12 @@ class _Consumer:
 
     def close(self) -> None:
         for fd in (self.wake_r, self.wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.wake_r = self.wake_w = -1
 
 
 class _Source:
@@ -644,6 +655,7 @@ async def _receive(source: _Source, consumer: _Consumer) -> list[DiscoveryEvent]
                     f"{source.failure!r}") from source.failure
             else:
                 events = None
+                consumer.ready_to_wait()
         if events:
             if isinstance(events, _Snapshot) and not consumer.view:
                 consumer.view = events.view  # a copy of the source's view: ours now
