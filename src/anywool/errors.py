@@ -192,6 +192,32 @@ class RoutineCancelled(WoolError):
         return f"routine {self.routine} was cancelled on worker {self.address}"
 
 
+class RoutineAborted(WoolError):
+    """A routine ended with a ``BaseException`` that is not an ``Exception``: ``SystemExit``,
+    ``KeyboardInterrupt``, ``GeneratorExit``, a ``BaseExceptionGroup`` holding one, or a
+    cancellation exception that no cancel scope on its worker had asked for (under asyncio, a
+    stray ``CancelledError`` from a future something else cancelled).
+
+    Re-raised as it is, it would exit, interrupt or cancel the caller; it arrives as this
+    instead, with the original as ``__cause__``. Only the call fails: the worker and the
+    connection go on serving.
+
+    :param routine: the routine's qualified name.
+    :param address: the address of the worker it ran on.
+    :param kind: the name of the original exception's class.
+    """
+
+    def __init__(self, routine: str, address: str, kind: str) -> None:
+        super().__init__(routine, address, kind)
+        self.routine = routine
+        self.address = address
+        self.kind = kind
+
+    def __str__(self) -> str:
+        return (f"routine {self.routine} on worker {self.address} ended with {self.kind}, "
+                "which is not re-raised in the caller")
+
+
 class PayloadTooLarge(WoolError):
     """A call's arguments, or a routine's result, pickle to more than one frame can carry.
 

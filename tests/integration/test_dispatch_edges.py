@@ -132,3 +132,129 @@ async def test_a_worker_refuses_to_listen_on_tcp_without_authentication():
         )
     assert result.returncode != 0
     assert b"authentication" in result.stderr and result.stdout == b""
+
+
+# -- what a routine raises that is not an Exception ------------------------------------------
+
+
+@routine
+async def leave(kind: str) -> None:
+    if kind == "exit":
+        raise SystemExit(3)
+    if kind == "interrupt":
+        raise KeyboardInterrupt
+    if kind == "group":
+        raise BaseExceptionGroup("both", [ValueError("v"), SystemExit(4)])
+    raise AssertionError(kind)
+
+
+@routine
+async def stray_cancellation() -> None:
+    # Under asyncio: await a future that something else cancels. No cancel scope here asked for
+    # it, so the CancelledError is the routine's own failure.
+    import asyncio
+
+    future = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_soon(future.cancel)
+    await future
+
+
+@routine
+async def slow_double(x: int) -> int:
+    await anyio.sleep(0.3)
+    return 2 * x
+
+
+class _ExitsWhenPickled:
+    def __reduce__(self):
+        raise SystemExit("from __reduce__")
+
+
+@routine
+async def unpicklable_exit() -> object:
+    return _ExitsWhenPickled()
+
+
+@routine
+async def raises_unpicklable_exit() -> None:
+    error = ValueError("with a hostile attribute")
+    error.hostile = _ExitsWhenPickled()  # type: ignore[attr-defined]
+    raise error
+
+
+@pytest.mark.parametrize("kind", ["exit", "interrupt", "group"])
+async def test_a_base_exception_arrives_as_routine_aborted_and_the_worker_goes_on(kind):
+    from anywool import RoutineAborted
+
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=1):
+            with pytest.raises(RoutineAborted) as info:
+                await leave(kind)
+            expected = {"exit": SystemExit, "interrupt": KeyboardInterrupt,
+                        "group": BaseExceptionGroup}[kind]
+            assert isinstance(info.value.__cause__, expected)
+            assert info.value.kind == expected.__qualname__ and "leave" in info.value.routine
+            assert await double(5) == 10  # same worker, same connection
+
+
+async def test_a_stray_cancellation_fails_only_its_own_call(anyio_backend):
+    if anyio_backend != "asyncio":
+        pytest.skip("a stray CancelledError is an asyncio matter")
+    from anywool import RoutineAborted
+
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=1):
+            results: list[object] = []
+
+            async def other() -> None:
+                results.append(await slow_double(21))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(other)
+                with pytest.raises(RoutineAborted) as info:
+                    await stray_cancellation()
+            assert info.value.kind == "CancelledError"
+            assert results == [42]  # the unrelated call on the same worker was not touched
+            assert await double(1) == 2
+
+
+async def test_values_whose_pickling_exits_fail_the_call_and_the_worker_survives():
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=1):
+            with pytest.raises(TypeError, match="cannot be pickled.*SystemExit"):
+                await unpicklable_exit()
+            with pytest.warns(Warning):  # a degraded copy of the exception
+                with pytest.raises(ValueError, match="hostile"):
+                    await raises_unpicklable_exit()
+            assert await double(3) == 6
+
+
+@routine
+async def fails_in_a_task_group() -> None:
+    async def fail(error: Exception) -> None:
+        raise error
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(fail, ValueError("one"))
+        tg.start_soon(fail, KeyError("two"))
+
+
+@routine
+async def fails_with_a_chain() -> None:
+    try:
+        raise LookupError("the context")
+    except LookupError:
+        raise RuntimeError("outer") from KeyError("the cause")
+
+
+async def test_a_task_groups_exception_group_arrives_whole_on_both_backends():
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=1):
+            with pytest.raises(ExceptionGroup) as info:
+                await fails_in_a_task_group()
+            leaves = sorted((type(e).__name__, str(e)) for e in info.value.exceptions)
+            assert leaves == [("KeyError", "'two'"), ("ValueError", "one")]
+            with pytest.raises(RuntimeError, match="outer") as chained:
+                await fails_with_a_chain()
+            assert repr(chained.value.__cause__) == "KeyError('the cause')"
+            assert repr(chained.value.__context__) == "LookupError('the context')"

@@ -82,3 +82,30 @@ def test_undecodable_exception_bytes_become_runtime_error() -> None:
     with pytest.warns(SerializationWarning, match="could not be unpickled"):
         copy = loads_exception(b"not a pickle")
     assert type(copy) is RuntimeError
+
+
+def test_exception_groups_keep_their_leaves_nesting_notes_and_chain():
+    from anywool.runtime._serializer import dumps_exception, loads_exception
+
+    def raise_group() -> None:
+        try:
+            raise OSError("the cause")
+        except OSError as cause:
+            raise BaseExceptionGroup("outer", [
+                ValueError("v"), SystemExit(4), ExceptionGroup("inner", [KeyError("k")]),
+            ]) from cause
+
+    try:
+        raise_group()
+    except BaseExceptionGroup as raised:
+        raised.add_note("noted")
+        group = raised
+    copy = loads_exception(dumps_exception(group))
+    assert type(copy) is BaseExceptionGroup and copy.message == "outer"
+    assert [type(e) for e in copy.exceptions] == [ValueError, SystemExit, ExceptionGroup]
+    assert [str(e) for e in copy.exceptions[:2]] == ["v", "4"]
+    inner = copy.exceptions[2]
+    assert inner.message == "inner" and repr(inner.exceptions[0]) == "KeyError('k')"
+    assert copy.__notes__ == ["noted"]
+    assert isinstance(copy.__cause__, OSError) and str(copy.__cause__) == "the cause"
+    assert copy.__traceback__ is not None

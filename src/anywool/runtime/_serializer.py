@@ -15,6 +15,7 @@ No I/O and no event loop here: plain functions on bytes.
 
 from __future__ import annotations
 
+import copyreg
 import pickle
 import warnings
 from typing import Any
@@ -46,8 +47,14 @@ def loads(data: bytes) -> Any:
 
     :raises Exception: whatever unpickling raises, e.g. ``ModuleNotFoundError`` when a function
         pickled by reference lives in a module this process cannot import.
+    :raises pickle.UnpicklingError: unpickling raised ``SystemExit`` or ``GeneratorExit`` (a
+        value's reducer did): the process receiving a value must not exit because of it.
     """
-    return pickle.loads(data)
+    try:
+        return pickle.loads(data)
+    except (SystemExit, GeneratorExit) as exc:
+        raise pickle.UnpicklingError(
+            f"unpickling raised {type(exc).__name__}: {exc}") from exc
 
 
 def dumps_exception(exc: BaseException) -> bytes:
@@ -57,14 +64,15 @@ def dumps_exception(exc: BaseException) -> bytes:
     cause chain rebuilt the same way, then to a :class:`RuntimeError` naming ``type(exc)`` and its
     message. :func:`loads_exception` warns when it loads such a fallback.
     """
+    # BaseException: a __reduce__ that raises SystemExit must not end the process sending.
     try:
         return _pack(_EXACT, _with_tblib(exc))
-    except Exception:
+    except BaseException:
         pass
     try:
         rebuilt = _rebuild(exc, set())
         return _pack(_REBUILT, _with_tblib(rebuilt))
-    except Exception:
+    except BaseException:
         pass
     return _pack(_REPLACED, _replacement(exc))
 
@@ -79,7 +87,7 @@ def loads_exception(data: bytes) -> BaseException:
     try:
         fidelity, payload = pickle.loads(data)
         exc = pickle.loads(payload)
-    except Exception as error:
+    except (Exception, SystemExit, GeneratorExit) as error:
         warnings.warn(
             f"a remote exception could not be unpickled ({type(error).__name__}: {error}); "
             "it is replaced by a RuntimeError",
@@ -110,10 +118,53 @@ def _pack(fidelity: int, exc: BaseException) -> bytes:
 
 
 def _with_tblib(exc: BaseException) -> BaseException:
-    # Registers copyreg reducers for this exception's classes (cause/context chain included)
-    # and for tracebacks; idempotent and cheap after the first time per class.
-    pickling_support.install(exc)
+    # Registers copyreg reducers for the classes of every exception reachable from this one
+    # (cause, context, the leaves of groups) and for tracebacks; idempotent and cheap after the
+    # first time per class. Exception groups get a reducer of their own (see _reduce_group).
+    for each in _reachable(exc):
+        pickling_support.install(each)
+        if isinstance(each, BaseExceptionGroup):
+            copyreg.pickle(type(each), _reduce_group)
     return exc
+
+
+def _reachable(exc: BaseException) -> list[BaseException]:
+    found: dict[int, BaseException] = {}
+    pending = [exc]
+    while pending:
+        each = pending.pop()
+        if id(each) in found:
+            continue
+        found[id(each)] = each
+        pending.extend(e for e in (each.__cause__, each.__context__) if e is not None)
+        if isinstance(each, BaseExceptionGroup):
+            pending.extend(each.exceptions)
+    return list(found.values())
+
+
+def _reduce_group(group: BaseExceptionGroup[Any]) -> tuple[Any, ...]:
+    # The generic reducers rebuild an exception from its args, which BaseExceptionGroup's
+    # __new__ refuses when a leaf is not an Exception. This keeps the message, the leaves
+    # (each pickled as itself), traceback, cause, context and notes.
+    return (_unpickle_group, (type(group), group.message, list(group.exceptions),
+                              group.__traceback__, group.__cause__, group.__context__,
+                              group.__suppress_context__, getattr(group, "__notes__", None)))
+
+
+def _unpickle_group(cls: type[BaseExceptionGroup[Any]], message: str,
+                    exceptions: list[BaseException], traceback: Any, cause: Any, context: Any,
+                    suppress_context: bool, notes: list[str] | None) -> BaseExceptionGroup[Any]:
+    try:
+        group = cls(message, exceptions)
+    except Exception:  # a subclass with a constructor of its own: the closest built-in group
+        group = BaseExceptionGroup(message, exceptions)
+    group.__traceback__ = traceback
+    group.__cause__ = cause
+    group.__context__ = context
+    group.__suppress_context__ = suppress_context
+    if notes is not None:
+        group.__notes__ = notes
+    return group
 
 
 def _rebuild(exc: BaseException, seen: set[int]) -> BaseException:
@@ -125,7 +176,7 @@ def _rebuild(exc: BaseException, seen: set[int]) -> BaseException:
     if cause is not None and id(cause) not in seen:
         try:
             copy.__cause__ = _rebuild(cause, seen)
-        except Exception:
+        except BaseException:
             copy.__cause__ = _replacement(cause)
     copy.__suppress_context__ = exc.__suppress_context__
     dumps(_with_tblib(copy))  # prove it pickles now, or raise
@@ -135,7 +186,7 @@ def _rebuild(exc: BaseException, seen: set[int]) -> BaseException:
 def _replacement(exc: BaseException) -> RuntimeError:
     try:
         message = str(exc)
-    except Exception:
+    except BaseException:
         message = "<message could not be rendered>"
     return RuntimeError(f"{_name(type(exc))}: {message}")
 

@@ -50,7 +50,7 @@ import anyio
 from anyio.abc import ByteStream, Listener, TaskGroup
 
 from anywool._address import Address
-from anywool.errors import PayloadTooLarge, RoutineCancelled
+from anywool.errors import PayloadTooLarge, RoutineAborted, RoutineCancelled
 from anywool.runtime import _serializer as serializer
 from anywool.runtime import _socket_dir
 from anywool.runtime._peer import PEER_GONE, PEER_HUNG_UP
@@ -252,10 +252,8 @@ class _Worker:
     ) -> None:
         try:
             value = await body(*args, **kwargs)
-        except anyio.get_cancelled_exc_class():
-            raise
         except BaseException as exc:
-            await self._reply_exception(frames, call, exc)
+            await self._reply_exception(frames, call, self._reportable(call, exc))
             return
         if await self._reply_value(frames, call, value):
             await frames.send(Frame(Kind.END, call.id))
@@ -283,10 +281,8 @@ class _Worker:
                 except StopAsyncIteration:
                     await frames.send(Frame(Kind.END, call.id))
                     return
-                except anyio.get_cancelled_exc_class():
-                    raise
                 except BaseException as exc:
-                    await self._reply_exception(frames, call, exc)
+                    await self._reply_exception(frames, call, self._reportable(call, exc))
                     return
                 if not await self._reply_value(frames, call, item):
                     return
@@ -298,14 +294,33 @@ class _Worker:
                 except Exception:
                     log.exception("closing async generator %s failed", call.name)
 
+    def _reportable(self, call: _ServerCall, exc: BaseException) -> BaseException:
+        """What to send the caller for ``exc``, which the routine raised; re-raises a
+        cancellation that a cancel scope here asked for (this call's, its connection's, the
+        worker's), which ends the call as cancelled.
+
+        An ``Exception`` goes as it is. Any other ``BaseException`` (``SystemExit``, a stray
+        cancellation nobody here asked for, ...) becomes :class:`RoutineAborted` with it as the
+        cause: re-raised in the caller, it would exit, interrupt or cancel it.
+        """
+        if isinstance(exc, Exception):
+            return exc
+        if isinstance(exc, anyio.get_cancelled_exc_class()) and (
+                call.scope.cancel_called or anyio.current_effective_deadline() == -math.inf):
+            raise exc
+        aborted = RoutineAborted(call.name, self.address, type(exc).__qualname__)
+        aborted.__cause__ = exc
+        return aborted
+
     # -- replies -------------------------------------------------------------------------------
 
     async def _reply_value(self, frames: FrameStream, call: _ServerCall, value: object) -> bool:
         error: Exception
         try:
             payload = serializer.dumps(value)
-        except Exception as exc:
-            error = TypeError(f"the value produced by {call.name} cannot be pickled: {exc}")
+        except BaseException as exc:  # whatever a value's __reduce__ does, the worker goes on
+            error = TypeError(f"the value produced by {call.name} cannot be pickled: "
+                              f"{type(exc).__name__}: {exc}")
             error.__cause__ = exc
         else:
             limit = payload_limit(frames.max_frame_size)
