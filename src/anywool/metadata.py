@@ -122,8 +122,18 @@ class WorkerMetadata:
     def from_bytes(cls, data: bytes | memoryview) -> WorkerMetadata:
         """Decode what :meth:`to_bytes` produced.
 
-        :raises ValueError: the bytes are not a metadata record of a known version.
+        :raises ValueError: the bytes are not a metadata record of a known version (whatever
+            else decoding hostile bytes raises is turned into this).
         """
+        try:
+            return cls._decode(data)
+        except ValueError:
+            raise
+        except Exception as exc:
+            raise ValueError(f"not an encoded WorkerMetadata: {type(exc).__name__}") from exc
+
+    @classmethod
+    def _decode(cls, data: bytes | memoryview) -> WorkerMetadata:
         try:
             fields = msgpack.unpackb(data, raw=False, strict_map_key=True)
             version, uid, address, pid, worker_version, tags, extra, secure = fields
@@ -135,10 +145,10 @@ class WorkerMetadata:
                 and type(pid) is int and type(worker_version) is str and type(tags) is list
                 and type(extra) is dict and type(secure) is bool
                 and (not tags or all(type(tag) is str for tag in tags))
+                and (not extra or all(type(key) is str for key in extra))
                 and (address.startswith("unix:/") or _address.is_valid(address))):
-            # Exactly what to_bytes writes (and msgpack's str map keys are checked by
-            # strict_map_key): build without re-validating. Snapshots decode one record per
-            # worker, so this halves their cost.
+            # Exactly what to_bytes writes: build without re-validating. Snapshots decode
+            # one record per worker, so this halves their cost.
             self = object.__new__(cls)
             self.__dict__.update(uid=_uuid_from_bytes(uid), address=address, pid=pid,
                                  version=worker_version,
@@ -148,6 +158,8 @@ class WorkerMetadata:
             return self
         if not isinstance(tags, list):
             raise ValueError(f"not an encoded WorkerMetadata: tags are {type(tags).__name__}")
+        if not isinstance(uid, bytes) or len(uid) != 16:
+            raise ValueError(f"not an encoded WorkerMetadata: its uid is {uid!r:.60}")
         try:
             return cls(UUID(bytes=uid), address, pid, worker_version, frozenset(tags), extra,
                        secure)

@@ -13,7 +13,6 @@ import psutil
 import pytest
 
 from anywool import DiscoveryNamespaceInUse, DiscoveryNamespaceNotFound, LocalDiscovery, WorkerPool
-from anywool.discovery.local import _binding, _claim
 
 from ..helpers import follow, take, worker
 from .children import start, start_detached, stop
@@ -370,7 +369,6 @@ async def test_a_new_iteration_sees_only_the_successors_workers(namespace):
 BINDER = """
 import sys
 from anywool import DiscoveryNamespaceNotFound, DiscoveryRegistryCorrupt
-from anywool.discovery.local import _binding, _claim
 print("binding", flush=True)
 while True:
     try:

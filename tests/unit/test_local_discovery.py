@@ -567,7 +567,8 @@ async def test_a_large_registry_is_scanned_in_a_thread(namespace, monkeypatch):
 
     monkeypatch.setattr(_hub._Hub, "attach", attach)
     with anyio.fail_after(10):
-        async with LocalDiscovery(namespace, capacity=_hub.IN_LOOP_CAPACITY + 1) as discovery, \
+        # 2048 slots of 1 KiB: over the in-loop bound (IN_LOOP_BYTES) for every operation.
+        async with LocalDiscovery(namespace, capacity=2048) as discovery, \
                 discovery.publisher as publisher:
             await publisher.publish("worker-added", first := worker())
             async with anyio.create_task_group() as tg:
@@ -626,3 +627,27 @@ async def test_exit_cancels_a_reap_waiting_for_the_registry_lock(namespace, runt
             if holder >= 0:
                 os.close(holder)
     assert os.listdir(runtime_dir) == []
+
+
+async def test_publishing_in_the_loop_lets_other_tasks_run(namespace):
+    # Done in the loop, a publish is still a schedule point: a sibling task is not starved.
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.lowlevel.checkpoint()
+
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher, \
+                anyio.create_task_group() as tg:
+            tg.start_soon(tick)
+            await anyio.lowlevel.checkpoint()
+            start = ticks
+            metadata = worker()
+            await publisher.publish("worker-added", metadata)
+            for pid in range(50):
+                await publisher.publish("worker-updated", worker(uid=metadata.uid, pid=pid))
+            assert ticks - start >= 50
+            tg.cancel_scope.cancel()

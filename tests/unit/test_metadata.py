@@ -82,3 +82,21 @@ def test_a_record_decodes_from_a_memoryview_as_from_bytes():
     assert decoded.same_as(metadata) and isinstance(decoded.tags, frozenset)
     with pytest.raises(TypeError):
         decoded.extra["k"] = 2  # type: ignore[index]
+
+
+@pytest.mark.parametrize("uid", ["0123456789abcdef", list(range(16)), 16, None, b"\0" * 15])
+def test_a_uid_of_the_wrong_kind_is_a_value_error(uid):
+    import msgpack
+
+    record = msgpack.packb([1, uid, "unix:/a", 1, "1", [], {}, False], use_bin_type=True)
+    with pytest.raises(ValueError, match="WorkerMetadata"):
+        WorkerMetadata.from_bytes(record)
+
+
+def test_extra_with_a_bytes_key_is_refused():
+    import msgpack
+
+    record = msgpack.packb([1, uuid.uuid4().bytes, "unix:/a", 1, "1", [], {b"k": 1}, False],
+                           use_bin_type=True)
+    with pytest.raises(ValueError, match="WorkerMetadata"):
+        WorkerMetadata.from_bytes(record)

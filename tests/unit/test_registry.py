@@ -545,7 +545,8 @@ def test_a_fresh_registry_reserves_only_its_header_and_slots():
     try:
         info = os.fstat(claim.registry_fd)
         assert info.st_size == _layout.registry_size(128, 1024)
-        assert info.st_blocks * 512 < claim.table.journal_offset + 8192  # journal, blocks: not yet
+        # Header, slots and journal headers only: payloads and blocks not yet.
+        assert info.st_blocks * 512 < claim.table.payloads_offset + 8192
     finally:
         claim.release()
 
@@ -587,3 +588,26 @@ def test_in_memory_follows_the_runtime_directory(monkeypatch, tmp_path):
     monkeypatch.setenv("ANYWOOL_RUNTIME_DIR", "relative")
     with pytest.raises(ValueError, match="absolute"):
         _runtime_dir.in_memory()
+
+
+def test_with_no_space_left_workers_can_still_be_dropped_withdrawn_and_reaped(monkeypatch):
+    # A drop writes only what the claim reserved (header, slots, journal): a full file system
+    # can stop new workers, never the removal of old ones.
+    with _owned_and_bound("full", capacity=8, block_size=256) as (claim, binding, lease):
+        workers = [worker() for _ in range(4)]
+        for each in workers:
+            binding.publish("worker-added", each, lease.id, lock_timeout=1)
+        dead = binding.open_lease()
+        binding.publish("worker-added", orphan := worker(), dead.id, lock_timeout=1)
+
+        def no_space(fd: int, offset: int, length: int) -> None:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(os, "posix_fallocate", no_space)
+        with pytest.raises(OSError):
+            binding.publish("worker-added", worker(), lease.id, lock_timeout=1)
+        assert binding.publish("worker-dropped", workers[0], lease.id, lock_timeout=1)
+        assert binding.withdraw(lease.id, lock_timeout=1) == 3
+        dead.forget()  # its process died: the kernel dropped its lock, the file stays
+        assert claim.reap(lock_timeout=1) == [orphan.uid]
+        assert binding.snapshot()[1] == {}

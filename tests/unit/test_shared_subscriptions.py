@@ -247,7 +247,9 @@ def test_consumers_on_two_event_loops_share_the_source(namespace):
             await publisher.publish("worker-added", second)
             for thread in threads:
                 await anyio.to_thread.run_sync(thread.join, 20)
-            assert sources(namespace) == {}
+            # A plain break detaches from a finalizer, which defers the detach if a lock is
+            # busy at that instant: then the source's thread or a one-off one finishes it.
+            await wait_until(lambda: sources(namespace) == {}, "both iterations detached")
 
     anyio.run(own)
     expected = [("worker-added", first.uid), ("worker-added", second.uid)]
@@ -459,3 +461,114 @@ async def test_a_joiner_of_a_source_without_its_thread_yet_misses_no_change(name
                 await one.aclose()
                 if two is not None:
                     await two.aclose()
+
+
+async def test_without_an_inotify_instance_sources_poll(namespace, monkeypatch, caplog):
+    from anywool.discovery.local import _watch
+
+    def exhausted() -> None:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(_watch.inotify_simple, "INotify", exhausted)
+    monkeypatch.setattr(_watch, "_warned", False)
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            await publisher.publish("worker-added", first := worker())
+            async with anyio.create_task_group() as tg:
+                events = await follow(tg, LocalDiscovery.Subscriber(namespace, poll_interval=0.05))
+                assert await take(events, 1) == [("worker-added", first.uid)]
+                await publisher.publish("worker-added", second := worker())
+                assert await take(events, 1) == [("worker-added", second.uid)]
+                tg.cancel_scope.cancel()
+    assert sum("no inotify instance" in r.getMessage() for r in caplog.records) == 1
+
+
+async def test_a_source_thread_that_cannot_start_leaves_nothing_behind(namespace, monkeypatch):
+    real_start = threading.Thread.start
+    failures = [1]
+
+    def start(self) -> None:
+        if self.name.startswith("anywool-source-") and failures:
+            failures.pop()
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            await publisher.publish("worker-added", first := worker())
+            one = aiter(LocalDiscovery.Subscriber(namespace))
+            try:
+                assert (await anext(one)).metadata.uid == first.uid
+                two = aiter(LocalDiscovery.Subscriber(namespace))
+                with pytest.raises(RuntimeError, match="can't start"):
+                    await anext(two)  # joining starts the thread: it fails, two detaches
+                [(_, _, consumers)] = sources(namespace).values()
+                assert consumers == 1
+                await publisher.publish("worker-added", second := worker())
+                assert (await anext(one)).metadata.uid == second.uid  # the next start works
+            finally:
+                await one.aclose()
+            assert sources(namespace) == {}
+
+
+def test_a_forked_child_starts_afresh(namespace):
+    # The parent's source has a running thread; the child inherits the source but not the
+    # thread. A new iteration in the child must follow changes; an inherited one must raise.
+    report_r, report_w = os.pipe()
+    go_r, go_w = os.pipe()
+
+    def child() -> None:
+        async def main() -> str:
+            inherited_error = ""
+            try:
+                await anext(inherited)
+            except RuntimeError as exc:
+                inherited_error = "before the process forked" in str(exc) and "raised" or "?"
+            with anyio.fail_after(10):
+                iteration = aiter(LocalDiscovery.Subscriber(namespace))
+                seen = [(await anext(iteration)).metadata.address]
+                os.write(go_w, b"g")  # now publish the post-fork change
+                seen.append((await anext(iteration)).metadata.address)
+                await iteration.aclose()
+            return f"{inherited_error} {' '.join(seen)}"
+
+        try:
+            outcome = anyio.run(main)
+        except BaseException as exc:  # reported, not raised: this is a forked child
+            outcome = f"failed {exc!r}"
+        os.write(report_w, outcome.encode())
+
+    async def parent() -> None:
+        nonlocal inherited
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            await publisher.publish("worker-added", worker("unix:/before"))
+            inherited = aiter(LocalDiscovery.Subscriber(namespace))
+            await anext(inherited)
+            async with anyio.create_task_group() as tg:
+                events = await follow(tg, owner.subscriber)  # waits: its thread runs
+                await take(events, 1)
+
+                def fork() -> int:
+                    pid = os.fork()
+                    if pid == 0:
+                        try:
+                            child()
+                        finally:
+                            os._exit(0)
+                    return pid
+
+                pid = await anyio.to_thread.run_sync(fork)
+                await anyio.to_thread.run_sync(os.read, go_r, 1)
+                await publisher.publish("worker-added", worker("unix:/after"))
+                await anyio.to_thread.run_sync(os.waitpid, pid, 0)
+                tg.cancel_scope.cancel()
+            await inherited.aclose()
+
+    inherited = None
+    try:
+        anyio.run(parent)
+        assert os.read(report_r, 1000).decode() == "raised unix:/before unix:/after"
+    finally:
+        for fd in (report_r, report_w, go_r, go_w):
+            os.close(fd)

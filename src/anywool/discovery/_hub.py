@@ -19,6 +19,7 @@ import logging
 import os
 import select
 import threading
+import weakref
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import NamedTuple
@@ -31,7 +32,7 @@ import anyio.to_thread
 from anywool import _runtime_dir
 from anywool._runtime_dir import runtime_dir
 from anywool.discovery import _view
-from anywool.discovery.local import _binding, _keys, _watch
+from anywool.discovery.local import _binding, _keys, _layout, _watch
 from anywool.discovery._protocols import DiscoveryEvent
 from anywool.errors import DiscoveryNamespaceNotFound
 from anywool.metadata import WorkerMetadata
@@ -43,12 +44,6 @@ DEFAULT_POLL_INTERVAL = 1.0
 # Events a consumer may have queued before it is resynchronised from the current view instead.
 CONSUMER_BUFFER = 4096
 _JOIN_TIMEOUT = 5.0
-
-#: Registries of at most this many slots are scanned in the event loop's own thread when a new
-#: iteration starts its source on a memory file system (about 0.5 ms at 256 workers); larger
-#: ones are scanned in a worker thread.
-IN_LOOP_CAPACITY = 256
-
 
 class WouldBlock(Exception):
     """An in-loop attach would have to wait or work too long: attach from a thread instead."""
@@ -153,7 +148,10 @@ class _Source:
         # Set when the hub no longer lists this source (its last consumer left, or a newer
         # generation's source replaced it).
         self.unlisted = False
+        # Set in a forked child: this process has no thread for it (see _forget_in_child).
+        self.forgotten = False
         self._counter = -1
+        _LIVE_SOURCES.add(self)
         self.thread: threading.Thread | None = None
 
     # -- lifecycle (hub lock held) --
@@ -163,6 +161,28 @@ class _Source:
         """Read the registry once, before any thread runs: the first consumer's snapshot (every
         worker as ``worker-added``, the view being empty until now)."""
         return self._refresh(checkpoint=checkpoint, lock_timeout=lock_timeout)
+
+    def forget(self) -> None:
+        """In a forked child: drop the parent's descriptors and locks (any may have been
+        taken at the fork) without touching the parent's; consumers inherited with it raise."""
+        self.forgotten = True
+        self.lock = threading.Lock()
+        self.started = self.stopped = True  # never (re)started here
+        watcher, self.watcher = self.watcher, None
+        if watcher is not None:
+            watcher.close()
+        if self.binding is not None:
+            self.binding.close()
+            self.binding = None
+        for fd in (self.stop_r, self.stop_w):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.stop_r = self.stop_w = -1
+        for consumer in self.consumers:
+            consumer.close()
 
     def ensure_started(self) -> None:
         """Start the thread that follows changes, once (a no-op once stopped).
@@ -176,8 +196,15 @@ class _Source:
                 self.stop_r, self.stop_w = os.pipe()
                 self.thread = threading.Thread(
                     target=self._run, name=f"anywool-source-{self.key[0]}", daemon=True)
+                try:
+                    self.thread.start()
+                except BaseException:  # e.g. no thread can be started: as if never tried
+                    for fd in (self.stop_r, self.stop_w):
+                        os.close(fd)
+                    self.stop_r = self.stop_w = -1
+                    self.thread = None
+                    raise
                 self.started = True
-                self.thread.start()
 
     def close(self) -> None:
         """Release the watcher, the binding and the stop pipe: by the thread as it ends, or by
@@ -392,7 +419,7 @@ class _Hub:
         lock_timeout: float | None = 30.0
         if in_loop:
             lock_timeout = 0
-            if probe.capacity > IN_LOOP_CAPACITY:
+            if probe.table.size > _layout.IN_LOOP_BYTES:
                 probe.close()
                 raise WouldBlock
         try:
@@ -441,7 +468,11 @@ class _Hub:
         # Joined a source: the snapshot was its view, which follows the registry only while
         # its thread runs. Start it (if not yet): its first round brings every consumer, this
         # one included, up to date with whatever changed since that view was read.
-        source.ensure_started()
+        try:
+            source.ensure_started()
+        except BaseException:
+            self.detach(source, consumer)  # no phantom consumer left behind
+            raise
         return source
 
     def drain_deferred(self) -> None:
@@ -504,6 +535,20 @@ class _Hub:
 
 
 _hub = _Hub()
+_LIVE_SOURCES: weakref.WeakSet[_Source] = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    """A forked child inherits the parent's sources but not their threads, and perhaps locks
+    that were held at the fork: it starts with an empty hub, and iterations it inherited raise
+    instead of waiting for events that never come."""
+    global _hub
+    _hub = _Hub()
+    for source in list(_LIVE_SOURCES):
+        source.forget()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class SourceStats(NamedTuple):
@@ -640,6 +685,10 @@ class _Iteration:
 
 async def _receive(source: _Source, consumer: _Consumer) -> list[DiscoveryEvent]:
     while True:
+        if source.forgotten:
+            raise RuntimeError(
+                f"this iteration of discovery namespace {source.namespace!r} was started before "
+                "the process forked; start a new one in this process")
         with source.lock:
             if consumer.overflowed:
                 consumer.overflowed = False

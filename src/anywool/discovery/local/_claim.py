@@ -321,7 +321,7 @@ def _create_registry(dir_fd: int, namespace: str, capacity: int,
         # Reserve the header and slots now; journal entries and blocks are reserved by the
         # write that first needs them (Table.commit), before it writes anything. Zeroing the
         # whole file here cost a claim more than everything else it does.
-        reserve(fd, 0, table.journal_offset)
+        reserve(fd, 0, table.payloads_offset)
         header = Header(capacity, block_size, os.getpid(), secrets.token_bytes(16),
                         namespace_digest(namespace), 0, False)
         os.pwrite(fd, HEADER.pack(MAGIC, FORMAT_VERSION, capacity, block_size, header.owner_pid,

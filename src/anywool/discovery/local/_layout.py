@@ -18,8 +18,14 @@ The registry file, all integers little-endian::
     slots    capacity x   worker uid, sequence (the counter at its last write), lease id,
                           payload length (0: free)
     journal  256 x        change number, kind, slot index, payload length, worker uid,
-                          lease id, then the payload: a ring of the last 256 changes
+                          lease id: a ring of the last 256 changes
+    payloads 256 x        each journal entry's encoded WorkerMetadata (block_size bytes,
+                          rounded up to 8); none for a drop
     blocks   capacity x   each worker's encoded WorkerMetadata, at most block_size bytes
+
+A claim reserves (``posix_fallocate``) the header, slots and journal; a change that writes a
+payload and a block reserves them first, so ``ENOSPC`` leaves the registry as it was, and a
+drop never needs more space.
 
 Readers hold ``LOCK_SH``, writers ``LOCK_EX`` on the registry. A change is journalled before
 its slot is touched and published by the counter write last, so a writer killed mid-change is
@@ -38,10 +44,14 @@ from uuid import UUID
 from anywool.metadata import WorkerMetadata
 
 MAGIC = b"AWNSREG\x01"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: journal headers apart from their payloads
 MAX_CAPACITY = 65_536
 MAX_BLOCK_SIZE = 512 << 10  # the journal keeps 256 blocks: 1 MiB blocks could never fit the bound
 MAX_REGISTRY_BYTES = 256 << 20
+#: Registries of at most this many bytes (the default one, 128 workers of 1 KiB, takes about
+#: 410 KiB) are claimed, read, written and removed in an event loop's own thread on a memory
+#: file system: none of that takes more than about a millisecond. Larger ones go to a thread.
+IN_LOOP_BYTES = 1 << 20
 
 # magic, version, capacity, block_size, owner_pid, generation, digest, change counter, retired
 HEADER = struct.Struct("<8sIIIi16s32sQB7x")
@@ -54,8 +64,9 @@ EMPTY_UID = bytes(16)
 # every change in order instead of only the net effect since its last look. It is also the
 # write-ahead log of each change: an entry is complete before the slot it describes is touched,
 # so a writer killed mid-change is rolled forward by the next one. Each entry is the change
-# counter, the kind, the slot index, the payload length, the worker uid and the lease, then the
-# payload itself.
+# counter, the kind, the slot index, the payload length, the worker uid and the lease; the
+# entries sit together, and their payloads in a second array: a claim reserves the headers with
+# the slots, so that a drop, which writes no payload, never needs space the file does not have.
 JOURNAL_LENGTH = 256
 ENTRY = struct.Struct("<QBxHI16s16s")
 KINDS = ("worker-added", "worker-updated", "worker-dropped")
@@ -98,8 +109,12 @@ class Table:
         self.capacity = capacity
         self.block_size = block_size
         self.journal_offset = _align(HEADER_SPACE + capacity * SLOT.size, 64)
-        self.entry_size = _align(ENTRY.size + block_size, 8)
-        self.blocks_offset = _align(self.journal_offset + JOURNAL_LENGTH * self.entry_size, 64)
+        # Everything before this is reserved at claim; payloads and blocks by the change that
+        # first writes them.
+        self.payloads_offset = _align(self.journal_offset + JOURNAL_LENGTH * ENTRY.size, 64)
+        self.payload_size = _align(block_size, 8)
+        self.blocks_offset = _align(self.payloads_offset + JOURNAL_LENGTH * self.payload_size,
+                                    64)
         self.size = self.blocks_offset + capacity * block_size
         # Blocks the last snapshot could not decode (torn or corrupt), never yielded as workers.
         self.unreadable = 0
@@ -118,12 +133,13 @@ class Table:
         if counter > MAX_COUNTER:
             raise ValueError("its change counter is exhausted")
         offset = self._entry_offset(counter)
-        # Space first (ENOSPC here leaves everything as it was), then the writes.
-        reserve(self.fd, offset, self.entry_size)
         if kind != "worker-dropped":
+            # Space first (ENOSPC here leaves everything as it was), then the writes. A drop
+            # writes only reserved bytes: removing a worker never fails for want of space.
+            reserve(self.fd, self._payload_offset(counter), self.payload_size)
             reserve(self.fd, self.blocks_offset + index * self.block_size, self.block_size)
         if payload:
-            os.pwrite(self.fd, payload, offset + ENTRY.size)
+            os.pwrite(self.fd, payload, self._payload_offset(counter))
         os.pwrite(self.fd, ENTRY.pack(counter, KINDS.index(kind), index, len(payload),
                                        worker.bytes, lease), offset)
         self._apply(index, kind, worker.bytes, lease, payload, counter)
@@ -139,13 +155,16 @@ class Table:
         if recorded != counter or index >= self.capacity or length > self.block_size \
                 or kind >= len(KINDS):
             return False
-        payload = os.pread(self.fd, length, offset + ENTRY.size) if length else b""
+        payload = os.pread(self.fd, length, self._payload_offset(counter)) if length else b""
         self._apply(index, KINDS[kind], uid, lease, payload, counter)
         os.pwrite(self.fd, struct.pack("<Q", counter), COUNTER_OFFSET)
         return True
 
     def _entry_offset(self, counter: int) -> int:
-        return self.journal_offset + (counter % JOURNAL_LENGTH) * self.entry_size
+        return self.journal_offset + (counter % JOURNAL_LENGTH) * ENTRY.size
+
+    def _payload_offset(self, counter: int) -> int:
+        return self.payloads_offset + (counter % JOURNAL_LENGTH) * self.payload_size
 
     def _apply(self, index: int, kind: str, worker: bytes, lease: bytes, payload: bytes,
                counter: int) -> None:
@@ -179,6 +198,9 @@ class Table:
             length = slots[index][3]
             if pending is not None and pending[0] == index:
                 continue
+            if length > self.block_size:  # a damaged slot: never read past its block
+                unreadable += 1
+                continue
             start = index * self.block_size
             data = blocks[start:start + length] if blocks is not None else \
                 os.pread(self.fd, length, self.blocks_offset + start)
@@ -210,7 +232,7 @@ class Table:
         if KINDS[kind] != "worker-dropped":
             try:
                 metadata = WorkerMetadata.from_bytes(os.pread(self.fd, length,
-                                                              offset + ENTRY.size))
+                                                              self._payload_offset(counter + 1)))
             except ValueError:
                 return None
         return index, Change(KINDS[kind], UUID(bytes=uid), metadata)
@@ -235,7 +257,7 @@ class Table:
             if KINDS[kind] != "worker-dropped":
                 try:
                     metadata = WorkerMetadata.from_bytes(
-                        os.pread(self.fd, length, offset + ENTRY.size))
+                        os.pread(self.fd, length, self._payload_offset(number)))
                 except ValueError:
                     return None
             changes.append(Change(KINDS[kind], UUID(bytes=uid), metadata))

@@ -131,6 +131,7 @@ class LocalDiscovery(Discovery, SingleUse):
         self._teardown_timeout = _validate.duration("teardown_timeout", teardown_timeout,
                                                     allow_zero=True)
         self._claim: _claim.Claim | None = None
+        self._in_loop = False
         self._task_group: TaskGroup | None = None
         # Ends the reaper at exit: waking it costs less than cancelling it (a claim and
         # release is mostly this task's start and end); a reap in progress is cancelled.
@@ -186,8 +187,12 @@ class LocalDiscovery(Discovery, SingleUse):
         :raises OSError: the registry could not be created; nothing is left behind.
         """
         self._enter_once()
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        # Decided once: the exit must not depend on the environment changing meanwhile.
+        self._in_loop = _runtime_dir.in_memory() and \
+            _layout.registry_size(self._capacity, self._block_size) <= _layout.IN_LOOP_BYTES
         claim = None
-        if _runtime_dir.in_memory() and not _claim.sweep_due():
+        if self._in_loop and not _claim.sweep_due():
             # Every call returns at once: no thread hop. Once in SWEEP_INTERVAL, the claim
             # takes the thread path, which also sweeps what dead processes left behind.
             claim = _claim.try_claim(self._namespace, capacity=self._capacity,
@@ -264,7 +269,7 @@ class LocalDiscovery(Discovery, SingleUse):
 
     def _released_in_loop(self, claim: _claim.Claim) -> bool:
         """Release at once, in the loop, when that cannot wait on anything."""
-        if not _runtime_dir.in_memory():
+        if not self._in_loop:
             return False
         try:
             return claim.try_release()
@@ -333,6 +338,7 @@ class LocalDiscovery(Discovery, SingleUse):
             self.teardown_timeout = _validate.duration("teardown_timeout", teardown_timeout,
                                                        allow_zero=True)
             self._held: _Held | None = None
+            self._in_loop = False
             # Concurrent publishes share one binding; held only across bookkeeping and file
             # calls that never wait on another process.
             self._binding_lock = threading.Lock()
@@ -346,8 +352,11 @@ class LocalDiscovery(Discovery, SingleUse):
             """
             self._enter_once()
             await anyio.lowlevel.checkpoint_if_cancelled()
-            if _runtime_dir.in_memory():
+            # Decided once: the exit must not depend on the environment changing meanwhile.
+            self._in_loop = _runtime_dir.in_memory()
+            if self._in_loop:
                 self._bind_first()  # files in memory only: nothing here can wait
+                await anyio.lowlevel.cancel_shielded_checkpoint()  # let other tasks run
             else:
                 await anyio.to_thread.run_sync(self._bind_first)
             return self
@@ -373,9 +382,9 @@ class LocalDiscovery(Discovery, SingleUse):
             runs, then the cancellation propagates.
             """
             self._released = True  # no publish from here on
-            if _runtime_dir.in_memory() and self._leave_now():
+            if self._in_loop and self._leave_now():
                 # All done in the loop; an enclosing cancellation still propagates from here.
-                await anyio.lowlevel.checkpoint_if_cancelled()
+                await anyio.lowlevel.checkpoint()
                 return
             await graceful_then_forceful(
                 lambda: anyio.to_thread.run_sync(self._withdraw),
@@ -414,7 +423,9 @@ class LocalDiscovery(Discovery, SingleUse):
             if not self._entered or self._released:
                 raise RuntimeError("publish needs an entered publisher (inside its async with)")
             await anyio.lowlevel.checkpoint_if_cancelled()
-            if _runtime_dir.in_memory() and self._publish_now(type, metadata):
+            if self._in_loop and self._publish_now(type, metadata):
+                # Done: a schedule point (other tasks run), which a cancellation cannot undo.
+                await anyio.lowlevel.cancel_shielded_checkpoint()
                 return
             await anyio.to_thread.run_sync(self._publish, type, metadata)
 
@@ -481,6 +492,8 @@ class LocalDiscovery(Discovery, SingleUse):
             held = self._acquire(rebind=True)
             assert held is not None
             try:
+                if held.binding.table.size > _layout.IN_LOOP_BYTES:
+                    return False  # too large to scan in the loop
                 held.binding.publish(type, metadata, held.lease.id, lock_timeout=0)
             except TimeoutError:
                 return False
@@ -494,6 +507,8 @@ class LocalDiscovery(Discovery, SingleUse):
             held = self._acquire(rebind=False)
             if held is not None:
                 try:
+                    if held.binding.table.size > _layout.IN_LOOP_BYTES:
+                        return False  # too large to scan in the loop
                     if held.binding.is_live():
                         held.binding.withdraw(held.lease.id, lock_timeout=0)
                 except Exception:  # the lock is taken (or worse): the graceful part handles it

@@ -7,10 +7,13 @@ the watch is inotify; elsewhere there is none and sources poll.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
 from anywool.discovery.local._flock import open_file
+
+log = logging.getLogger("anywool.discovery.local")
 
 if sys.platform == "linux":
     try:
@@ -54,7 +57,10 @@ class Watcher:
             self._FILE_EVENTS = (flags.MODIFY | flags.ATTRIB | flags.CLOSE_WRITE
                                  | flags.DELETE_SELF | flags.MOVE_SELF)
             self._DIR_EVENTS = flags.MOVED_TO | flags.CREATE | flags.ONLYDIR
-            self._inotify = inotify_simple.INotify()
+            try:
+                self._inotify = inotify_simple.INotify()
+            except OSError as exc:  # e.g. EMFILE: the user's inotify instances are used up
+                _warn_once(exc)
 
     def fileno(self) -> int | None:
         return None if self._inotify is None else self._inotify.fileno()
@@ -85,3 +91,14 @@ class Watcher:
         if self._inotify is not None:
             self._inotify.close()
             self._inotify = None
+
+
+_warned = False
+
+
+def _warn_once(exc: OSError) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        log.warning("no inotify instance for the discovery change hint (%s): subscribers poll "
+                    "instead, every poll_interval", exc)
