@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from anywool import DiscoveryNamespaceInUse, DiscoveryNamespaceNotFound, LocalDiscovery, WorkerPool
+from anywool.discovery.local import _claim
 
 from ..helpers import follow, take, worker
 from .children import start, start_detached, stop
@@ -369,6 +370,7 @@ async def test_a_new_iteration_sees_only_the_successors_workers(namespace):
 BINDER = """
 import sys
 from anywool import DiscoveryNamespaceNotFound, DiscoveryRegistryCorrupt
+from anywool.discovery.local import _binding
 print("binding", flush=True)
 while True:
     try:

@@ -21,7 +21,6 @@ from anywool import (
     DiscoverySubscriberLike,
     DiscoveryWorkerNotFound,
     LocalDiscovery,
-    WorkerMetadata,
 )
 from anywool.discovery import _hub
 from anywool.discovery.local import _claim, _keys, _layout
