@@ -126,44 +126,32 @@ class WorkerMetadata:
             else decoding hostile bytes raises is turned into this).
         """
         try:
-            return cls._decode(data)
-        except ValueError:
-            raise
-        except Exception as exc:
-            raise ValueError(f"not an encoded WorkerMetadata: {type(exc).__name__}") from exc
-
-    @classmethod
-    def _decode(cls, data: bytes | memoryview) -> WorkerMetadata:
-        try:
             fields = msgpack.unpackb(data, raw=False, strict_map_key=True)
             version, uid, address, pid, worker_version, tags, extra, secure = fields
-        except (ValueError, TypeError, msgpack.UnpackException) as exc:
-            raise ValueError("not an encoded WorkerMetadata") from exc
-        if version != _CODEC_VERSION:
-            raise ValueError(f"unknown WorkerMetadata codec version {version!r}")
-        if (type(uid) is bytes and len(uid) == 16 and type(address) is str
-                and type(pid) is int and type(worker_version) is str and type(tags) is list
-                and type(extra) is dict and type(secure) is bool
-                and (not tags or all(type(tag) is str for tag in tags))
-                and (not extra or all(type(key) is str for key in extra))
-                and (address.startswith("unix:/") or _address.is_valid(address))):
-            # Exactly what to_bytes writes: build without re-validating. Snapshots decode
-            # one record per worker, so this halves their cost.
-            self = object.__new__(cls)
-            self.__dict__.update(uid=_uuid_from_bytes(uid), address=address, pid=pid,
-                                 version=worker_version,
-                                 tags=frozenset(tags) if tags else _NO_TAGS,
-                                 extra=MappingProxyType(extra) if extra else _NO_EXTRA,
-                                 secure=secure)
-            return self
-        if not isinstance(tags, list):
-            raise ValueError(f"not an encoded WorkerMetadata: tags are {type(tags).__name__}")
-        if not isinstance(uid, bytes) or len(uid) != 16:
-            raise ValueError(f"not an encoded WorkerMetadata: its uid is {uid!r:.60}")
-        try:
+            if version != _CODEC_VERSION:
+                raise ValueError(f"unknown WorkerMetadata codec version {version!r}")
+            if (type(uid) is bytes and len(uid) == 16 and type(address) is str
+                    and type(pid) is int and type(worker_version) is str and type(tags) is list
+                    and type(extra) is dict and type(secure) is bool
+                    and (not tags or _STR.issuperset(map(type, tags)))
+                    and (not extra or _STR.issuperset(map(type, extra)))
+                    and (address.startswith("unix:/") or _address.is_valid(address))):
+                # Exactly what to_bytes writes: build without re-validating. Snapshots decode
+                # one record per worker, so this halves their cost.
+                self = object.__new__(cls)
+                self.__dict__.update(uid=_uuid_from_bytes(uid), address=address, pid=pid,
+                                     version=worker_version,
+                                     tags=frozenset(tags) if tags else _NO_TAGS,
+                                     extra=MappingProxyType(extra) if extra else _NO_EXTRA,
+                                     secure=secure)
+                return self
+            if not isinstance(tags, list):
+                raise ValueError(f"tags are {type(tags).__name__}")
+            if not isinstance(uid, bytes) or len(uid) != 16:
+                raise ValueError(f"its uid is {uid!r:.60}")
             return cls(UUID(bytes=uid), address, pid, worker_version, frozenset(tags), extra,
                        secure)
-        except (TypeError, ValueError) as exc:  # well-formed msgpack, fields of the wrong kind
+        except Exception as exc:  # whatever hostile bytes make decoding raise
             raise ValueError(f"not an encoded WorkerMetadata: {exc}") from exc
 
 
@@ -179,6 +167,7 @@ def _uuid_from_bytes_directly(raw: bytes) -> UUID:
 _UNKNOWN_SAFETY = SafeUUID.unknown
 # Immutable, so every record without tags or extra shares these.
 _NO_TAGS: frozenset[str] = frozenset()
+_STR = frozenset({str})  # the one type of tags and extra's keys
 _NO_EXTRA: Mapping[str, Any] = MappingProxyType({})  # an enum member's lookup costs as much as the rest
 
 
