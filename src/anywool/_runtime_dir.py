@@ -69,14 +69,18 @@ def runtime_dir(create: bool = True) -> Path:
 
 
 def _configured() -> Path:
-    configured = os.environ.get(ENV_VAR)
+    return _path_for(os.environ.get(ENV_VAR), os.getuid())
+
+
+@functools.lru_cache(maxsize=16)
+def _path_for(configured: str | None, uid: int) -> Path:
     if configured:
         path = Path(configured)
         if not path.is_absolute():
             raise ValueError(f"{ENV_VAR} must be an absolute path, got {configured!r}")
         return path
     base = Path("/dev/shm") if os.path.isdir("/dev/shm") else Path(tempfile.gettempdir())
-    return base / f"anywool-{os.getuid()}"
+    return base / f"anywool-{uid}"
 
 
 #: File systems that keep everything in memory: no call on them waits for a device.

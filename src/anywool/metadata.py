@@ -139,11 +139,14 @@ class WorkerMetadata:
                 # Exactly what to_bytes writes: build without re-validating. Snapshots decode
                 # one record per worker, so this halves their cost.
                 self = object.__new__(cls)
-                self.__dict__.update(uid=_uuid_from_bytes(uid), address=address, pid=pid,
-                                     version=worker_version,
-                                     tags=frozenset(tags) if tags else _NO_TAGS,
-                                     extra=MappingProxyType(extra) if extra else _NO_EXTRA,
-                                     secure=secure)
+                state = self.__dict__  # (a frozen dataclass: its own setattr refuses)
+                state["uid"] = _uuid_from_bytes(uid)
+                state["address"] = address
+                state["pid"] = pid
+                state["version"] = worker_version
+                state["tags"] = frozenset(tags) if tags else _NO_TAGS
+                state["extra"] = MappingProxyType(extra) if extra else _NO_EXTRA
+                state["secure"] = secure
                 return self
             if not isinstance(tags, list):
                 raise ValueError(f"tags are {type(tags).__name__}")

@@ -309,10 +309,10 @@ def bind(namespace: str, root: Path | None = None) -> Binding:
     owner_fd = -1
     try:
         try:
-            owner_fd = open_file(path / "owner", os.O_RDONLY)
+            owner_fd = open_file("owner", os.O_RDONLY, dir_fd=dir_fd)
         except FileNotFoundError:
             owner_fd = -1  # a generation laid out before the owner file: probe the directory
-        registry_fd = open_file(path / "registry", os.O_RDWR)
+        registry_fd = open_file("registry", os.O_RDWR, dir_fd=dir_fd)
         header = read_header(registry_fd)
         if header.digest != namespace_digest(namespace):
             raise DiscoveryNamespaceNotFound(namespace)

@@ -190,22 +190,24 @@ class Table:
         unreadable = 0
         slots = self.slots()
         used = [index for index, slot in enumerate(slots) if slot[3]]
-        span = (used[-1] + 1) * self.block_size if used else 0
+        size = self.block_size
+        span = (used[-1] + 1) * size if used else 0
         # One read for all blocks when they are few or small (the usual case), else one each.
         blocks = memoryview(os.pread(self.fd, span, self.blocks_offset)) \
             if span <= _BATCH_READ else None
+        skip = -1 if pending is None else pending[0]
+        decode = WorkerMetadata.from_bytes
         for index in used:
             length = slots[index][3]
-            if pending is not None and pending[0] == index:
+            if index == skip:
                 continue
-            if length > self.block_size:  # a damaged slot: never read past its block
+            if length > size:  # a damaged slot: never read past its block
                 unreadable += 1
                 continue
-            start = index * self.block_size
-            data = blocks[start:start + length] if blocks is not None else \
-                os.pread(self.fd, length, self.blocks_offset + start)
+            start = index * size
             try:
-                metadata = WorkerMetadata.from_bytes(data)
+                metadata = decode(blocks[start:start + length] if blocks is not None else
+                                  os.pread(self.fd, length, self.blocks_offset + start))
             except ValueError:
                 unreadable += 1
                 continue
