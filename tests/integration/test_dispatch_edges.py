@@ -258,3 +258,59 @@ async def test_a_task_groups_exception_group_arrives_whole_on_both_backends():
                 await fails_with_a_chain()
             assert repr(chained.value.__cause__) == "KeyError('the cause')"
             assert repr(chained.value.__context__) == "LookupError('the context')"
+
+
+# -- frames a call cannot use ------------------------------------------------------------------
+
+
+async def _raw_call(address: str, fn, args: tuple = ()):
+    from anywool.runtime import _serializer
+    from anywool.runtime._wire import Frame, Kind
+
+    stream = await anyio.connect_unix(address.removeprefix("unix:"))
+    frames = FrameStream(stream, stream)
+    await frames.send(Frame(Kind.CALL, 1, _serializer.dumps((fn, args, {}))))
+    assert (await frames.receive()).kind == Kind.ACK
+    return stream, frames
+
+
+@routine
+async def slow_steps(n: int):
+    for i in range(n):
+        await anyio.sleep(30)  # each step outlasts the test: step frames pile up meanwhile
+        yield i
+
+
+@pytest.mark.parametrize("routine_kind", ["coroutine", "generator"])
+async def test_step_frames_a_call_cannot_use_end_that_call_only(routine_kind):
+    # A coroutine takes no step frames; a generator takes one at a time. Anything more is a
+    # protocol error that ends the call (nothing queues up), and the connection goes on.
+    from anywool.runtime import _serializer
+    from anywool.runtime._wire import Frame, FrameError, Kind
+
+    with anyio.fail_after(30):
+        async with LocalWorker() as worker:
+            fn = slow_double.__wrapped__ if routine_kind == "coroutine" else slow_steps.__wrapped__
+            stream, frames = await _raw_call(worker.metadata.address, fn, (3,))
+            async with stream:
+                # A generator runs its first step and can hold one more; the rest are errors.
+                await frames.send(Frame(Kind.ASEND, 1, _serializer.dumps(None)))
+                big = _serializer.dumps(b"x" * (1 << 20))
+                for _ in range(4):
+                    await frames.send(Frame(Kind.ASEND, 1, big))
+                replies = []
+                while not replies or replies[-1].kind not in (Kind.EXCEPTION, Kind.END):
+                    replies.append(await frames.receive())
+                error = _serializer.loads_exception(replies[-1].payload)
+                assert isinstance(error, FrameError) and "the call was ended" in str(error)
+                # The same connection serves the next call.
+                await frames.send(Frame(Kind.CALL, 2, _serializer.dumps(
+                    (double.__wrapped__, (4,), {}))))
+                kinds = []
+                while not kinds or kinds[-1] != Kind.END:
+                    frame = await frames.receive()
+                    if frame.call_id == 2:
+                        kinds.append(frame.kind)
+                        if frame.kind == Kind.RESULT:
+                            assert _serializer.loads(frame.payload) == 8
+                assert kinds == [Kind.ACK, Kind.RESULT, Kind.END]

@@ -121,8 +121,12 @@ class _ServerCall:
     def __init__(self, call_id: int) -> None:
         self.id = call_id
         self.scope = anyio.CancelScope()
-        self.inbox_send, self.inbox = anyio.create_memory_object_stream[Frame](math.inf)
+        # A client drives a generator one step at a time: one step frame can be pending, never
+        # more (anything else is a protocol error, not a queue to grow).
+        self.inbox_send, self.inbox = anyio.create_memory_object_stream[Frame](1)
         self.name = "<routine>"
+        self.streaming: bool | None = None  # known once the routine is loaded
+        self.protocol_error: str | None = None
 
 
 class _Worker:
@@ -203,7 +207,18 @@ class _Worker:
         if frame.kind == Kind.CANCEL:
             call.scope.cancel()
         elif frame.kind in (Kind.ASEND, Kind.ATHROW, Kind.ACLOSE):
-            call.inbox_send.send_nowait(frame)
+            if call.streaming is False:
+                call.protocol_error = f"a {frame.kind.name} frame for a coroutine call"
+            else:
+                try:
+                    call.inbox_send.send_nowait(frame)
+                except anyio.WouldBlock:
+                    call.protocol_error = (f"a {frame.kind.name} frame while the previous "
+                                           "step is still pending")
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    return  # the call is ending
+            if call.protocol_error is not None:
+                call.scope.cancel()  # that call ends, with the error; the connection goes on
 
     # -- calls ---------------------------------------------------------------------------------
 
@@ -235,12 +250,20 @@ class _Worker:
                 await self._reply_exception(frames, call, exc)
                 return
             await frames.send(Frame(Kind.ACK, call.id))
-            if inspect.isasyncgenfunction(body):
+            call.streaming = inspect.isasyncgenfunction(body)
+            if call.streaming:
                 await self._run_generator(frames, call, body, args, kwargs)
             else:
+                if call.inbox_send.statistics().current_buffer_used:  # sent before it loaded
+                    call.protocol_error = "a step frame for a coroutine call"
+                    call.scope.cancel()
                 await self._run_coroutine(frames, call, body, args, kwargs)
         if call.scope.cancelled_caught:
-            await self._reply_cancelled(frames, call)
+            if call.protocol_error is not None:
+                await self._reply_exception(frames, call, FrameError(
+                    f"{call.protocol_error} ({call.name}); the call was ended"))
+            else:
+                await self._reply_cancelled(frames, call)
 
     async def _run_coroutine(
         self,
