@@ -314,3 +314,31 @@ async def test_step_frames_a_call_cannot_use_end_that_call_only(routine_kind):
                         if frame.kind == Kind.RESULT:
                             assert _serializer.loads(frame.payload) == 8
                 assert kinds == [Kind.ACK, Kind.RESULT, Kind.END]
+
+
+@pytest.mark.parametrize("body", [
+    b"\x93\x01\x01\xc6\xff\xff\xff\xf0" + b"xx",  # bin32 declaring ~4 GiB in a 10-byte body
+    b"\xdd\xff\xff\xff\xff\x01",  # an array declaring 2^32 - 1 items
+    b"\x93\x01\xcf" + (1 << 36).to_bytes(8, "big") + b"\xc4\x00",  # a CALL of id 2^36, no payload
+])
+async def test_hostile_frame_bodies_drop_that_connection_only(body):
+    import struct
+
+    import psutil
+
+    with anyio.fail_after(30):
+        async with LocalWorker() as worker, WorkerConnection(worker.metadata.address) as good:
+            process = psutil.Process(worker.metadata.pid)
+            before = process.memory_info().rss
+            stream = await anyio.connect_unix(worker.metadata.address.removeprefix("unix:"))
+            async with stream:
+                await stream.send(struct.pack(">I", len(body)) + body)
+                # Either the frame is refused (the connection is dropped) or it is a harmless
+                # frame for an unknown call (ignored); the worker never grows to fit a length.
+                with anyio.move_on_after(1):
+                    try:
+                        await stream.receive()
+                    except (anyio.EndOfStream, anyio.BrokenResourceError):
+                        pass
+            assert await good.call(double.__wrapped__, (21,), {}) == 42
+            assert process.memory_info().rss - before < 64 << 20

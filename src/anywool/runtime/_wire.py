@@ -110,7 +110,11 @@ def decode_body(body: bytes) -> Frame:
     :raises FrameError: the body is not ``[kind, call_id, payload]`` with a known kind.
     """
     try:
-        kind, call_id, payload = msgpack.unpackb(body, raw=False)
+        # Every length a body may declare is bounded by the body itself: a few hostile bytes
+        # never make the decoder reserve more than they could hold.
+        kind, call_id, payload = msgpack.unpackb(
+            body, raw=False, max_bin_len=len(body), max_str_len=0, max_array_len=3,
+            max_map_len=0, max_ext_len=0)
         return Frame(Kind(kind), int(call_id), bytes(payload))
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise FrameError(f"undecodable frame body ({exc})") from None
