@@ -342,3 +342,31 @@ async def test_hostile_frame_bodies_drop_that_connection_only(body):
                         pass
             assert await good.call(double.__wrapped__, (21,), {}) == 42
             assert process.memory_info().rss - before < 64 << 20
+
+
+_CALLS_IN_A_CHILD = """
+import sys, anyio
+from anywool import LocalWorker
+from anywool.lowlevel import WorkerConnection
+
+async def twice(x):
+    return 2 * x
+
+async def main():
+    async with LocalWorker() as worker, WorkerConnection(worker.metadata.address) as connection:
+        for i in range(5):
+            assert await connection.call(twice, (i,), {}) == 2 * i
+
+anyio.run(main, backend=sys.argv[1])
+"""
+
+
+async def test_calls_leave_no_resource_warning_in_client_or_worker(anyio_backend):
+    # The worker inherits the child's stderr and its PYTHONWARNINGS: both ends report there.
+    env = {**os.environ, "PYTHONWARNINGS": "always::ResourceWarning"}
+    with anyio.fail_after(60):
+        result = await anyio.run_process(
+            [sys.executable, "-c", _CALLS_IN_A_CHILD, anyio_backend], env=env, check=False)
+    stderr = result.stderr.decode()
+    assert result.returncode == 0, stderr
+    assert "ResourceWarning" not in stderr and "Traceback" not in stderr, stderr

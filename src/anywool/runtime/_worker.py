@@ -238,6 +238,7 @@ class _Worker:
             calls.pop(call.id, None)
             self.calls.discard(call)
             call.inbox_send.close()
+            call.inbox.close()
             self.stop.finished()
 
     async def _execute(self, frames: FrameStream, call: _ServerCall, payload: bytes) -> None:
