@@ -20,7 +20,7 @@ from anywool import (
 from anywool.runtime._connection import CallNotDelivered, WorkerConnection
 from anywool.runtime._wire import FrameStream
 
-from ..helpers import follow, take
+from ..helpers import follow, take, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -370,3 +370,46 @@ async def test_calls_leave_no_resource_warning_in_client_or_worker(anyio_backend
     stderr = result.stderr.decode()
     assert result.returncode == 0, stderr
     assert "ResourceWarning" not in stderr and "Traceback" not in stderr, stderr
+
+
+# -- deadlines that travel -----------------------------------------------------------------------
+
+
+@routine
+async def sleep_and_note(path: str) -> float:
+    import pathlib
+    import time
+
+    deadline = anyio.current_effective_deadline() - anyio.current_time()
+    try:
+        await anyio.sleep(30)
+    finally:
+        pathlib.Path(path).write_text(str(time.monotonic()))
+    return deadline
+
+
+@routine
+async def seconds_left() -> float:
+    return anyio.current_effective_deadline() - anyio.current_time()
+
+
+async def test_the_callers_deadline_travels_with_the_call(tmp_path, monkeypatch):
+    from anywool.runtime._connection import _Call
+
+    async def cancel_frame_lost(self) -> None:  # as if the CANCEL frame never arrived
+        self.finished = True
+
+    marker = tmp_path / "finally-ran"
+    with anyio.fail_after(30):
+        async with LocalWorker() as worker, WorkerConnection(worker.metadata.address) as connection:
+            with anyio.move_on_after(5):
+                left = await connection.call(seconds_left.__wrapped__, (), {})
+            assert 3 < left <= 5  # the worker sees what remains of the caller's deadline
+            with anyio.CancelScope(shield=True):  # no deadline here: none travels
+                assert await connection.call(seconds_left.__wrapped__, (), {}) == float("inf")
+            monkeypatch.setattr(_Call, "abort", cancel_frame_lost)
+            with anyio.move_on_after(0.3) as scope:
+                await connection.call(sleep_and_note.__wrapped__, (str(marker),), {})
+            assert scope.cancelled_caught
+            # No cancel frame: the worker ended the routine at the deadline by itself.
+            await wait_until(marker.exists, "the routine's finally on the worker", timeout=5)

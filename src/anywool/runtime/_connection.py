@@ -233,8 +233,17 @@ class WorkerConnection(SingleUse):
     # -- calls -------------------------------------------------------------------------------
 
     async def _open(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
-        """Register a call, send its CALL frame and wait for the worker's answer to it."""
-        payload = serializer.dumps((fn, args, kwargs))
+        """Register a call, send its CALL frame and wait for the worker's answer to it.
+
+        The caller's effective deadline travels with the call as the seconds left, so that the
+        worker cancels the routine on time by itself, even if the cancel frame is late or lost.
+        """
+        deadline = anyio.current_effective_deadline()
+        if deadline == math.inf:
+            payload = serializer.dumps((fn, args, kwargs))
+        else:
+            remaining = max(0.0, deadline - anyio.current_time())
+            payload = serializer.dumps((fn, args, kwargs, remaining))
         if len(payload) > payload_limit(self._max_frame_size):
             raise PayloadTooLarge(f"the call to {getattr(fn, '__qualname__', fn)!s}",
                                   len(payload), payload_limit(self._max_frame_size))

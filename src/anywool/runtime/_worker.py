@@ -244,9 +244,16 @@ class _Worker:
     async def _execute(self, frames: FrameStream, call: _ServerCall, payload: bytes) -> None:
         with call.scope:
             try:
-                fn, args, kwargs = serializer.loads(payload)
+                fn, args, kwargs, *rest = serializer.loads(payload)
                 call.name = getattr(fn, "__qualname__", repr(fn))
                 body = routine_body(fn)
+                if rest:  # the seconds left of the caller's deadline
+                    [remaining] = rest
+                    if isinstance(remaining, bool) or not isinstance(remaining, (int, float)) \
+                            or not remaining >= 0:
+                        raise ValueError(f"a call's deadline must be seconds >= 0, "
+                                         f"got {remaining!r}")
+                    call.scope.deadline = anyio.current_time() + remaining
             except Exception as exc:
                 await self._reply_exception(frames, call, exc)
                 return
