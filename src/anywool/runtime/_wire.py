@@ -7,7 +7,8 @@ length never makes us allocate gigabytes.
 
 Per call the worker answers ``Ack? (Result* (Exception | End)) | Nack``:
 
-* ``CALL`` (client → worker) carries ``(routine, args, kwargs)``;
+* ``CALL`` (client → worker) carries ``(routine, args, kwargs)``, plus the seconds left of
+  the caller's deadline when it has one (the worker cancels the routine when they run out);
 * ``ACK`` says the worker accepted it, ``NACK`` that it refused it (it is stopping);
 * a coroutine answers one ``RESULT`` then ``END``;
 * an async generator answers one frame per step the client drives with ``ASEND``, ``ATHROW``
