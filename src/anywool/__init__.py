@@ -32,9 +32,11 @@ from anywool.runtime import (
     LoadBalancerLike,
     LocalWorker,
     RoundRobinLoadBalancer,
+    RoutineTask,
     SerializationWarning,
     WorkerPool,
     WorkerProxy,
+    current_task,
     resolved,
     routine,
 )
@@ -65,6 +67,7 @@ __all__ = [
     "RoundRobinLoadBalancer",
     "RoutineAborted",
     "RoutineCancelled",
+    "RoutineTask",
     "SerializationWarning",
     "WoolError",
     "WorkerError",
@@ -72,6 +75,7 @@ __all__ = [
     "WorkerPool",
     "WorkerProxy",
     "afilter",
+    "current_task",
     "resolved",
     "routine",
 ]

@@ -10,6 +10,7 @@ import sys
 import anyio
 import pytest
 
+import anywool
 from anywool import (
     LocalDiscovery,
     LocalWorker,
@@ -413,3 +414,31 @@ async def test_the_callers_deadline_travels_with_the_call(tmp_path, monkeypatch)
             assert scope.cancelled_caught
             # No cancel frame: the worker ended the routine at the deadline by itself.
             await wait_until(marker.exists, "the routine's finally on the worker", timeout=5)
+
+
+@routine
+async def who_am_i() -> tuple:
+    task = anywool.current_task()
+    return task.id, task.caller_id, task.name, task.deadline - anyio.current_time()
+
+
+@routine
+async def who_am_i_per_step():
+    for _ in range(2):
+        yield anywool.current_task().name
+
+
+async def test_current_task_describes_the_call_on_its_worker():
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=1):
+            first = await who_am_i()
+            second = await who_am_i()
+            assert first[0] != second[0]  # each call has its own id
+            assert first[1] is None and first[2].endswith("who_am_i")
+            assert 0 < first[3] <= 60  # the caller's deadline, as the worker's clock has it
+            with anyio.CancelScope(shield=True):  # no deadline travels from here
+                assert (await who_am_i())[3] == float("inf")
+            steps = [name async for name in who_am_i_per_step()]
+            assert steps == [steps[0]] * 2 and steps[0].endswith("who_am_i_per_step")
+    with pytest.raises(RuntimeError, match="inside a routine"):
+        anywool.current_task()

@@ -5,7 +5,7 @@ from anywool.runtime._local_worker import LocalWorker
 from anywool.runtime._pool import WorkerPool
 from anywool.runtime._proxy import WorkerProxy
 from anywool.runtime._resolve import Factory, resolved
-from anywool.runtime._routine import routine
+from anywool.runtime._routine import RoutineTask, current_task, routine
 from anywool.runtime._serializer import SerializationWarning
 
 __all__ = [
@@ -13,9 +13,11 @@ __all__ = [
     "LoadBalancerLike",
     "LocalWorker",
     "RoundRobinLoadBalancer",
+    "RoutineTask",
     "SerializationWarning",
     "WorkerPool",
     "WorkerProxy",
+    "current_task",
     "resolved",
     "routine",
 ]

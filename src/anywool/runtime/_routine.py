@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+from dataclasses import dataclass
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
@@ -131,3 +132,47 @@ def is_routine(fn: object) -> bool:
 def routine_body(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The function a worker runs for ``fn``: the undecorated body of a routine, else ``fn``."""
     return fn.__wrapped__ if is_routine(fn) else fn  # type: ignore[attr-defined]
+
+
+# -- the running call ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RoutineTask:
+    """The call a routine is running for, on its worker (see :func:`current_task`).
+
+    :param id: the call's id: an unsigned 64-bit integer its caller's connection chose, unique
+        among that connection's calls.
+    :param caller_id: the id of the call this one was made from, for a routine called by a
+        routine; ``None`` for a call made outside any routine.
+    :param name: the routine's qualified name.
+    :param deadline: when the caller's deadline runs out, in this event loop's clock
+        (``anyio.current_time()``); ``math.inf`` when the caller had none.
+    """
+
+    id: int
+    caller_id: int | None
+    name: str
+    deadline: float
+
+
+_running: contextvars.ContextVar[RoutineTask | None] = contextvars.ContextVar(
+    "anywool_running_call", default=None
+)
+
+
+def current_task() -> RoutineTask:
+    """The call the current routine is running for, on its worker.
+
+    :raises RuntimeError: not inside a routine running on a worker.
+    """
+    task = _running.get()
+    if task is None:
+        raise RuntimeError("anywool.current_task() is only available inside a routine running "
+                           "on a worker")
+    return task
+
+
+def set_running(task: RoutineTask) -> contextvars.Token[RoutineTask | None]:
+    """Worker side: mark the current context as running ``task`` (reset with the token)."""
+    return _running.set(task)

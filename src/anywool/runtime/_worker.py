@@ -54,7 +54,7 @@ from anywool.errors import PayloadTooLarge, RoutineAborted, RoutineCancelled
 from anywool.runtime import _serializer as serializer
 from anywool.runtime import _socket_dir
 from anywool.runtime._peer import PEER_GONE, PEER_HUNG_UP
-from anywool.runtime._routine import routine_body
+from anywool.runtime._routine import RoutineTask, routine_body, set_running
 from anywool.runtime._wire import Frame, FrameError, FrameStream, Kind, payload_limit
 
 log = logging.getLogger("anywool.worker")
@@ -258,6 +258,8 @@ class _Worker:
                 await self._reply_exception(frames, call, exc)
                 return
             await frames.send(Frame(Kind.ACK, call.id))
+            # Set in this call's own task: the routine (and tasks it starts) see it, nothing else.
+            set_running(RoutineTask(call.id, None, call.name, call.scope.deadline))
             call.streaming = inspect.isasyncgenfunction(body)
             if call.streaming:
                 await self._run_generator(frames, call, body, args, kwargs)
