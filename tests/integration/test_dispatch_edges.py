@@ -161,9 +161,19 @@ async def stray_cancellation() -> None:
 
 
 @routine
-async def slow_double(x: int) -> int:
-    await anyio.sleep(0.3)
+async def gated_double(x: int, gate: str) -> int:
+    # Says it is running, then waits for the test to let it finish: over a Unix socket, so
+    # that "in flight" is a fact, not a guess about timing.
+    async with await anyio.connect_unix(gate) as stream:
+        await stream.send(b"running")
+        await stream.receive()
     return 2 * x
+
+
+@routine
+async def never_returns(x: int) -> int:
+    await anyio.sleep_forever()
+    raise AssertionError("unreachable")
 
 
 class _ExitsWhenPickled:
@@ -198,22 +208,26 @@ async def test_a_base_exception_arrives_as_routine_aborted_and_the_worker_goes_o
             assert await double(5) == 10  # same worker, same connection
 
 
-async def test_a_stray_cancellation_fails_only_its_own_call(anyio_backend):
+async def test_a_stray_cancellation_fails_only_its_own_call(anyio_backend, tmp_path):
     if anyio_backend != "asyncio":
         pytest.skip("a stray CancelledError is an asyncio matter")
     from anywool import RoutineAborted
 
+    gate = str(tmp_path / "gate.sock")  # (short enough for sun_path under pytest's tmp)
     with anyio.fail_after(60):
-        async with WorkerPool(spawn=1):
+        async with WorkerPool(spawn=1), await anyio.create_unix_listener(gate) as listener:
             results: list[object] = []
 
             async def other() -> None:
-                results.append(await slow_double(21))
+                results.append(await gated_double(21, gate))
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(other)
-                with pytest.raises(RoutineAborted) as info:
-                    await stray_cancellation()
+                async with await listener.accept() as held:
+                    assert await held.receive() == b"running"  # the other call is in flight
+                    with pytest.raises(RoutineAborted) as info:
+                        await stray_cancellation()
+                    await held.send(b"go on")
             assert info.value.kind == "CancelledError"
             assert results == [42]  # the unrelated call on the same worker was not touched
             assert await double(1) == 2
@@ -277,9 +291,8 @@ async def _raw_call(address: str, fn, args: tuple = ()):
 
 @routine
 async def slow_steps(n: int):
-    for i in range(n):
-        await anyio.sleep(30)  # each step outlasts the test: step frames pile up meanwhile
-        yield i
+    await anyio.sleep_forever()  # the first step never ends: step frames pile up meanwhile
+    yield n
 
 
 @pytest.mark.parametrize("routine_kind", ["coroutine", "generator"])
@@ -291,7 +304,7 @@ async def test_step_frames_a_call_cannot_use_end_that_call_only(routine_kind):
 
     with anyio.fail_after(30):
         async with LocalWorker() as worker:
-            fn = slow_double.__wrapped__ if routine_kind == "coroutine" else slow_steps.__wrapped__
+            fn = never_returns.__wrapped__ if routine_kind == "coroutine" else slow_steps.__wrapped__
             stream, frames = await _raw_call(worker.metadata.address, fn, (3,))
             async with stream:
                 # A generator runs its first step and can hold one more; the rest are errors.
