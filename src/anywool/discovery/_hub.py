@@ -168,19 +168,7 @@ class _Source:
         self.forgotten = True
         self.lock = threading.Lock()
         self.started = self.stopped = True  # never (re)started here
-        watcher, self.watcher = self.watcher, None
-        if watcher is not None:
-            watcher.close()
-        if self.binding is not None:
-            self.binding.close()
-            self.binding = None
-        for fd in (self.stop_r, self.stop_w):
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        self.stop_r = self.stop_w = -1
+        self.close()
         for consumer in self.consumers:
             consumer.close()
 
@@ -209,8 +197,9 @@ class _Source:
     def close(self) -> None:
         """Release the watcher, the binding and the stop pipe: by the thread as it ends, or by
         the attaching thread for a source it built but never started."""
-        if self.watcher is not None:
-            self.watcher.close()
+        watcher, self.watcher = self.watcher, None
+        if watcher is not None:
+            watcher.close()
         if self.binding is not None:
             self.binding.close()
             self.binding = None
@@ -233,7 +222,7 @@ class _Source:
             if self.started:
                 return self.thread
             _hub.deferred_closes.append(self)
-            _thread.start_new_thread(_hub.drain_deferred, ())  # see _Hub._defer
+            _hub.drain_soon()
             return None
         try:
             never_started = not self.started and not self.stopped
@@ -496,10 +485,13 @@ class _Hub:
     def _defer(self, source: _Source, consumer: _Consumer) -> None:
         self.deferred.append((source, consumer))
         if not source.started:
-            # No thread of its own will wake up to do it: a one-off thread waits for the locks
-            # and drains. Started with _thread, as a finalizer may run while threading's own
-            # locks are held by the thread it interrupted.
-            _thread.start_new_thread(self.drain_deferred, ())
+            self.drain_soon()  # no thread of its own will wake up to do it
+
+    def drain_soon(self) -> None:
+        """Have a one-off thread wait for the locks and :meth:`drain_deferred`. Started with
+        _thread: a finalizer asks for it, and may run while threading's own locks are held by
+        the thread it interrupted."""
+        _thread.start_new_thread(self.drain_deferred, ())
 
     def detach(self, source: _Source, consumer: _Consumer, *,
                blocking: bool = True) -> threading.Thread | None:

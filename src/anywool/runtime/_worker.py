@@ -128,6 +128,11 @@ class _ServerCall:
         self.streaming: bool | None = None  # known once the routine is loaded
         self.protocol_error: str | None = None
 
+    def refuse(self, frames_it_cannot_use: str) -> None:
+        """A protocol error: end this call (its reply says why); the connection goes on."""
+        self.protocol_error = frames_it_cannot_use
+        self.scope.cancel()
+
 
 class _Worker:
     def __init__(self, address: str) -> None:
@@ -208,17 +213,14 @@ class _Worker:
             call.scope.cancel()
         elif frame.kind in (Kind.ASEND, Kind.ATHROW, Kind.ACLOSE):
             if call.streaming is False:
-                call.protocol_error = f"a {frame.kind.name} frame for a coroutine call"
-            else:
-                try:
-                    call.inbox_send.send_nowait(frame)
-                except anyio.WouldBlock:
-                    call.protocol_error = (f"a {frame.kind.name} frame while the previous "
-                                           "step is still pending")
-                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    return  # the call is ending
-            if call.protocol_error is not None:
-                call.scope.cancel()  # that call ends, with the error; the connection goes on
+                call.refuse(f"a {frame.kind.name} frame for a coroutine call")
+                return
+            try:
+                call.inbox_send.send_nowait(frame)
+            except anyio.WouldBlock:
+                call.refuse(f"a {frame.kind.name} frame while the previous step is pending")
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                pass  # the call is ending
 
     # -- calls ---------------------------------------------------------------------------------
 
@@ -265,8 +267,7 @@ class _Worker:
                 await self._run_generator(frames, call, body, args, kwargs)
             else:
                 if call.inbox_send.statistics().current_buffer_used:  # sent before it loaded
-                    call.protocol_error = "a step frame for a coroutine call"
-                    call.scope.cancel()
+                    call.refuse("a step frame for a coroutine call")
                 await self._run_coroutine(frames, call, body, args, kwargs)
         if call.scope.cancelled_caught:
             if call.protocol_error is not None:
