@@ -6,9 +6,11 @@ pool's own calls drain within ``shutdown_timeout``, every worker is stopped and 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -28,7 +30,7 @@ from anywool import (
 from anywool.metadata import WorkerMetadata
 
 from ..helpers import Signal, follow, take, wait_until
-from .children import hold_registry_lock, start, stop
+from .children import REPO, hold_registry_lock, start, stop
 from .routines import hold_until_cancelled, value_after
 
 pytestmark = pytest.mark.anyio
@@ -397,7 +399,7 @@ async def test_a_worker_whose_loop_is_blocked_still_exits_when_its_pool_is_kille
             worker_pid = int(marker.read_text())
             child.kill()
             await child.wait()
-            # The worker's watchdog ends it about 5 s after its parent's pipe hung up.
+            # The worker's lifeline ends it about 5 s after its parent died.
             gone = await anyio.to_thread.run_sync(
                 lambda: psutil.wait_procs([psutil.Process(worker_pid)], timeout=20)[0])
             assert [p.pid for p in gone] == [worker_pid]
@@ -407,3 +409,138 @@ async def test_a_worker_whose_loop_is_blocked_still_exits_when_its_pool_is_kille
         assert [name[:3] for name in os.listdir(runtime_dir)] == ["ns-"]
         async with LocalDiscovery("sweeper"):  # sweeps the dead generation
             pass
+
+
+GIL_HOLDING_POOL = """
+import os, sys, anyio
+from anywool import WorkerPool, routine
+
+@routine
+async def hold_the_gil(path: str) -> None:
+    with open(path, "w") as marker:
+        marker.write(str(os.getpid()))
+    sum(range(10**13))  # C code that never lets go of the GIL: no thread of the worker runs
+
+async def main():
+    async with WorkerPool(spawn=1):
+        await hold_the_gil(sys.argv[2])
+anyio.run(main, backend=sys.argv[1])
+"""
+
+
+async def test_a_worker_whose_routine_holds_the_gil_still_exits_when_its_pool_is_killed(
+    anyio_backend: str, runtime_dir: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "holding"
+    worker: psutil.Process | None = None
+    with anyio.fail_after(60):
+        child = await start(GIL_HOLDING_POOL, anyio_backend, str(marker))
+        try:
+            await wait_until(lambda: marker.exists() and marker.read_text() != "",
+                             "the routine to hold its worker's GIL", timeout=30)
+            worker = psutil.Process(int(marker.read_text()))
+            rest = worker.children(recursive=True)  # its lifeline: it must not outlive it
+            child.kill()
+            await child.wait()
+            # Its lifeline kills it 5 s after the pool died; no thread of its own could run.
+            gone, _ = await anyio.to_thread.run_sync(
+                lambda: psutil.wait_procs([worker, *rest], timeout=20))
+            assert sorted(p.pid for p in gone) == sorted(p.pid for p in [worker, *rest])
+        finally:
+            if worker is not None:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    worker.kill()  # no descendant of ours any more: the conftest cannot
+            await stop([child])
+        # Its socket directory was removed; what is left is the killed pool's namespace.
+        assert [name[:3] for name in os.listdir(runtime_dir)] == ["ns-"]
+        async with LocalDiscovery("sweeper"):  # sweeps the dead generation
+            pass
+
+
+FORKING_POOL = """
+import os, sys, anyio
+from anywool import WorkerPool
+from tests.integration.routines import hold_until_cancelled
+
+async def main():
+    async with WorkerPool(spawn=1) as pool:
+        holder = os.fork()
+        if holder == 0:
+            # Holds a copy of every descriptor, the write end of the worker's stdin among them,
+            # until the test closes our stdin.
+            try:
+                os.read(0, 1)
+            finally:
+                os._exit(0)
+        print(holder, pool.workers[0].pid, flush=True)
+        await hold_until_cancelled(int(sys.argv[2]), sys.argv[3])
+anyio.run(main, backend=sys.argv[1])
+"""
+
+
+async def test_a_worker_stops_gracefully_when_its_pool_dies_while_its_stdin_is_held_elsewhere(
+    anyio_backend: str, runtime_dir: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "finally"
+    holder: psutil.Process | None = None
+    with anyio.fail_after(60):
+        async with Signal() as signal_:
+            child = await start(FORKING_POOL, anyio_backend, str(signal_.port), str(marker))
+            try:
+                holder_pid, worker_pid = map(int, (await child.readline()).split())
+                holder = psutil.Process(holder_pid)
+                worker = psutil.Process(worker_pid)
+                await signal_.started()
+                child.kill()
+                await child.wait()
+                began = time.monotonic()
+                # Its stdin never hangs up; it sees its parent's exit on a pidfd instead.
+                gone, _ = await anyio.to_thread.run_sync(
+                    lambda: psutil.wait_procs([worker], timeout=20))
+                took = time.monotonic() - began
+                assert [p.pid for p in gone] == [worker_pid]
+            finally:
+                if holder is not None:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        holder.kill()  # re-parented away from us: the conftest cannot
+                await stop([child])
+        # Cancelled and unwound, before its lifeline would have killed it (5 s).
+        assert marker.read_text() == "finally ran"
+        assert took < 5.0, f"the worker took {took:.2f} s to stop"
+        assert [name[:3] for name in os.listdir(runtime_dir)] == ["ns-"]
+        async with LocalDiscovery("sweeper"):  # sweeps the dead generation
+            pass
+
+
+async def test_a_pools_workers_leave_no_process_behind_at_exit() -> None:
+    with anyio.fail_after(30):
+        async with WorkerPool(spawn=2) as pool:
+            pids = [w.pid for w in pool.workers]
+            rest = [p.pid for pid in pids for p in psutil.Process(pid).children(recursive=True)]
+            assert len(rest) == len(pids)  # their lifelines: what could outlive them
+    assert _gone(pids + rest)  # at once: a worker reaps its lifeline before it exits
+
+
+async def test_the_lifeline_of_a_sigkilled_worker_exits_by_itself() -> None:
+    with anyio.fail_after(30):
+        async with LocalWorker() as worker:
+            [lifeline] = psutil.Process(worker.pid).children()
+            os.kill(worker.pid, signal.SIGKILL)
+            await worker.wait()
+            # Re-parented to init, which reaps it.
+            gone, _ = await anyio.to_thread.run_sync(
+                lambda: psutil.wait_procs([lifeline], timeout=10))
+            assert [p.pid for p in gone] == [lifeline.pid]
+
+
+async def test_a_worker_whose_parent_is_already_gone_exits_at_once(runtime_dir: Path) -> None:
+    home = runtime_dir / "w-0123456789abcdef"
+    env = dict(os.environ)
+    env["ANYWOOL_WORKER_PARENT_PID"] = str(os.getppid())  # not the worker's parent: we are
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    with anyio.fail_after(30):
+        done = await anyio.run_process(
+            [sys.executable, "-m", "anywool.worker", "--home", str(home)],
+            input=b"", env=env, check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (70, b"", b"")
+    assert not home.exists()

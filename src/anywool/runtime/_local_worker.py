@@ -34,7 +34,7 @@ from anywool.errors import WorkerError
 from anywool.metadata import WorkerMetadata
 from anywool.runtime import _socket_dir
 from anywool.runtime._peer import PEER_GONE
-from anywool.runtime._worker import SYS_PATH_ENV
+from anywool.runtime._worker import PARENT_PID_ENV, SYS_PATH_ENV
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +127,7 @@ class LocalWorker(SingleUse):
         package_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env[SYS_PATH_ENV] = json.dumps([p for p in sys.path if isinstance(p, str)])
+        env[PARENT_PID_ENV] = str(os.getpid())  # its lifeline watches us (see _lifeline)
         env["PYTHONPATH"] = os.pathsep.join(
             [package_root, *filter(None, [env.get("PYTHONPATH")])]
         )

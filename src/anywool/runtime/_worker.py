@@ -15,9 +15,13 @@ a connection that closes cancels its calls. The worker stops:
 * on a stop request, a line ``stop <grace>`` on stdin: ``grace`` seconds to drain in-flight calls
   (new ones are refused with ``NACK``), ``0`` to cancel them now, negative to drain for as long
   as they take;
-* at EOF on stdin (its parent closed the pipe or died, even by SIGKILL): cancels now, and if
-  it has not exited 5 s after that (a routine that shields itself or blocks the event loop), a
-  watchdog thread removes its socket and ends the process;
+* at EOF on stdin (its parent closed the pipe or died, even by SIGKILL), or when its parent
+  exits (seen on a pidfd, also while another process holds the pipe's write end): cancels now.
+  If it has not exited 5 s after that (a routine that shields itself, or blocks the event loop,
+  even in C code holding the GIL), its lifeline, a sidecar process forked at start-up
+  (:mod:`anywool.runtime._lifeline`), SIGKILLs it and removes its socket directory. Without
+  pidfds, or run by hand (no ``$ANYWOOL_WORKER_PARENT_PID``), a watchdog thread does the same
+  5 s after stdin hangs up, when the GIL lets it run;
 * on SIGTERM: cancels now; on SIGINT: drains forever.
 
 A routine cancelled by the stop (or by a client's cancel frame) still answers its call, with
@@ -26,12 +30,14 @@ waits (up to 2 s) for its clients to hang up, so each side's pending receive end
 end-of-stream rather than by cancellation. The socket file is removed at exit.
 
 The parent passes its ``sys.path`` in ``$ANYWOOL_WORKER_SYS_PATH`` (JSON list) and its working
-directory as ours, so that routines defined in its modules import here by reference.
+directory as ours, so that routines defined in its modules import here by reference, and its
+pid in ``$ANYWOOL_WORKER_PARENT_PID``: a worker whose parent is already gone exits at once (70).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import json
 import logging
@@ -52,7 +58,7 @@ from anyio.abc import ByteStream, Listener, TaskGroup
 from anywool._address import Address
 from anywool.errors import PayloadTooLarge, RoutineAborted, RoutineCancelled
 from anywool.runtime import _serializer as serializer
-from anywool.runtime import _socket_dir
+from anywool.runtime import _lifeline, _socket_dir
 from anywool.runtime._peer import PEER_GONE, PEER_HUNG_UP
 from anywool.runtime._routine import RoutineTask, routine_body, set_running
 from anywool.runtime._wire import Frame, FrameError, FrameStream, Kind, payload_limit
@@ -60,6 +66,7 @@ from anywool.runtime._wire import Frame, FrameError, FrameStream, Kind, payload_
 log = logging.getLogger("anywool.worker")
 
 SYS_PATH_ENV = "ANYWOOL_WORKER_SYS_PATH"
+PARENT_PID_ENV = "ANYWOOL_WORKER_PARENT_PID"
 
 # How long a cancelled call may take to tell its client it was cancelled.
 _REPLY_TIMEOUT = 1.0
@@ -401,6 +408,12 @@ class _Worker:
                 elif words:
                     log.warning("ignoring unknown control line %r", line)
 
+    async def watch_parent(self, pidfd: int) -> None:
+        """Stop now, as at EOF on stdin, once the parent's pidfd says it has exited: also
+        when another process holds the write end of our stdin, which then never hangs up."""
+        await anyio.wait_readable(pidfd)
+        self.stop.request(0)
+
     async def watch_signals(self) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
@@ -461,8 +474,13 @@ async def _accept(scope: anyio.CancelScope, listener: Listener[Any],
         await listener.serve(handler, task_group=handlers)
 
 
-async def serve(address: Address | None = None, home: Path | None = None) -> None:
-    """Listen, announce the address on stdout, serve until stopped, clean up."""
+async def serve(address: Address | None = None, home: Path | None = None, *,
+                lifeline: _lifeline.Lifeline | None = None) -> None:
+    """Listen, announce the address on stdout, serve until stopped, clean up.
+
+    :param lifeline: the sidecar watching our parent, whose pidfd we watch too; ``None``: a
+        watchdog thread watches stdin instead (unless it is a terminal).
+    """
     listener, announced, owned, path = await _open_listener(address, home)
 
     def remove_socket() -> None:
@@ -471,13 +489,15 @@ async def serve(address: Address | None = None, home: Path | None = None) -> Non
         if path is not None:
             path.unlink(missing_ok=True)
 
-    if not os.isatty(sys.stdin.fileno()):
+    if lifeline is None and not os.isatty(sys.stdin.fileno()):
         threading.Thread(target=_exit_when_orphaned, args=(remove_socket,), daemon=True,
                          name="anywool-orphan-watchdog").start()
     worker = _Worker(str(announced))
     try:
         async with anyio.create_task_group() as main_tg:
             main_tg.start_soon(worker.watch_stdin)
+            if lifeline is not None:
+                main_tg.start_soon(worker.watch_parent, lifeline.parent)
             main_tg.start_soon(worker.watch_signals)
             async with anyio.create_task_group() as serving:
                 accepting = anyio.CancelScope()
@@ -508,6 +528,28 @@ def _apply_parent_environment() -> None:
         sys.path[:] = parent + [p for p in sys.path if p not in parent]
 
 
+def _start_lifeline(address: Address | None, home: Path | None) -> _lifeline.Lifeline | None:
+    """Fork the sidecar that ends us if our parent dies, when the parent gave its pid (see
+    :mod:`anywool.runtime._lifeline`); exit at once, code 70, if that parent is already gone.
+
+    With neither ``address`` nor ``home`` the sidecar does not know the directory the listener
+    will choose: after killing us it leaves it to the next claim's sweep.
+    """
+    text = os.environ.pop(PARENT_PID_ENV, None)
+    if text is None:
+        return None  # run by hand: stdin is the lifeline
+    try:
+        parent = int(text)
+    except ValueError:
+        log.warning("ignoring malformed $%s %r", PARENT_PID_ENV, text)
+        return None
+    leftover = home if address is None else Path(address.path) if address.path else None
+    try:
+        return _lifeline.start(parent, leftover, _ORPHAN_GRACE)
+    except _lifeline.ParentGone:
+        raise SystemExit(_ORPHANED_EXIT_CODE) from None
+
+
 def _bind_address(text: str) -> Address:
     try:
         return Address.parse(text, bind=True)
@@ -532,4 +574,11 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="anywool.worker[%(process)d] %(message)s")
     # Default SIGINT handling would raise KeyboardInterrupt; we want "drain" instead.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    anyio.run(serve, options.address, options.home, backend=options.backend)
+    # Before any thread, event loop or listener exists: the sidecar is forked from us as we are.
+    lifeline = _start_lifeline(options.address, options.home)
+    try:
+        anyio.run(functools.partial(serve, options.address, options.home, lifeline=lifeline),
+                  backend=options.backend)
+    finally:
+        if lifeline is not None:
+            lifeline.close()  # nothing outlives the worker, and no zombie is left
