@@ -79,10 +79,13 @@ class Signal:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.listener.aclose()
 
-    async def started(self) -> None:
+    async def started(self) -> bytes:
+        """Wait for the routine's connection; what it sent (``b"started"``, or its pid...)."""
         stream = await self.listener.listeners[0].accept()  # type: ignore[attr-defined]
         async with stream:
-            assert await stream.receive() == b"started"
+            message = await stream.receive()
+        assert message, "the routine connected but said nothing"
+        return message
 
 
 class DescriptorTraps:
@@ -111,3 +114,37 @@ class DescriptorTraps:
         for file in self._files:
             file.seek(0)
             assert file.read() == b"", f"{file.name} was written to"
+
+
+# -- the wire, spoken by hand (tests that play a misbehaving client) -------------------------
+
+
+def call_payload(fn: Callable[..., object], args: tuple = (), kwargs: dict | None = None,
+                 **fields: object) -> bytes:
+    """A CALL frame's payload for ``fn(*args, **kwargs)`` (``fields``: more of its header)."""
+    from anywool.runtime import _envelope, _serializer
+
+    request = _envelope.CallRequest(_serializer.dumps((fn, args, kwargs or {})),
+                                    getattr(fn, "__qualname__", repr(fn)), **fields)  # type: ignore[arg-type]
+    return _envelope.encode_call(request)
+
+
+def step_payload(value: object = None) -> bytes:
+    """An ASEND frame's payload sending ``value``."""
+    from anywool.runtime import _envelope, _serializer
+
+    return _envelope.encode_step(_envelope.Step(_serializer.dumps(value)))
+
+
+def result_of(payload: bytes) -> object:
+    """The value a RESULT frame's payload carries."""
+    from anywool.runtime import _envelope, _serializer
+
+    return _serializer.loads(_envelope.decode_reply(payload)[0])
+
+
+def exception_of(payload: bytes) -> BaseException:
+    """The exception an EXCEPTION frame's payload carries."""
+    from anywool.runtime import _envelope, _serializer
+
+    return _serializer.loads_exception(_envelope.decode_reply(payload)[0])

@@ -23,11 +23,13 @@ from anywool.errors import (
     PayloadTooLarge,
     RoutineAborted,
     RoutineCancelled,
+    SerializationError,
     WoolError,
     WorkerError,
 )
 from anywool.metadata import WorkerMetadata
 from anywool.runtime import (
+    ContextVar,
     Factory,
     LoadBalancerLike,
     LocalWorker,
@@ -44,6 +46,7 @@ from anywool.runtime import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "ContextVar",
     "Discovery",
     "DiscoveryBlockExhausted",
     "DiscoveryCapacityExhausted",
@@ -68,6 +71,7 @@ __all__ = [
     "RoutineAborted",
     "RoutineCancelled",
     "RoutineTask",
+    "SerializationError",
     "SerializationWarning",
     "WoolError",
     "WorkerError",

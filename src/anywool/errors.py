@@ -20,7 +20,9 @@ __all__ = [
     "DiscoveryWorkerNotFound",
     "NoWorkersAvailable",
     "PayloadTooLarge",
+    "RoutineAborted",
     "RoutineCancelled",
+    "SerializationError",
     "WoolError",
     "WorkerError",
 ]
@@ -235,3 +237,26 @@ class PayloadTooLarge(WoolError):
     def __str__(self) -> str:
         return (f"{self.what} pickles to {self.size} bytes, over the {self.limit}-byte limit "
                 "of one frame; pass a path or a handle to the data instead")
+
+
+class SerializationError(WoolError, TypeError):
+    """Something a call carries could not be pickled where it was sent, or unpickled where it
+    arrived: its arguments, a context variable's value, a value the routine returned, yielded or
+    was sent. Raised on the side that failed (the caller's arguments and context values in the
+    caller, before anything is sent; the worker's failures reach the caller as the call's
+    exception); only that call fails and the connection goes on. A ``TypeError``, like the
+    standard library's pickling errors.
+
+    :param routine: the routine's qualified name.
+    :param what: what failed, in words (``"the arguments"``, ``"context variable 'x'"``, ...).
+    :param reason: how it failed, in words, with the underlying error.
+    """
+
+    def __init__(self, routine: str, what: str, reason: str) -> None:
+        super().__init__(routine, what, reason)
+        self.routine = routine
+        self.what = what
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"calling {self.routine}: {self.what} {self.reason}"

@@ -5,7 +5,9 @@ A :class:`~anywool.LoadBalancerLike` receives, for each call, the admitted worke
 ``(WorkerMetadata, WorkerConnection)`` pairs and a ``send`` that delivers the call over one
 connection. It may look at :attr:`WorkerConnection.broken` and :attr:`WorkerConnection.address`,
 and may retry another worker when ``send`` raises :class:`CallNotDelivered` (the worker certainly
-did not run the call). It never opens, enters or closes a connection: the proxy owns them.
+did not run the call; :class:`WorkerBusy` when it runs its ``max_concurrency`` calls, which
+:attr:`WorkerConnection.busy` then says until the worker has room again). It never opens,
+enters or closes a connection: the proxy owns them.
 
 :func:`discovery_stats` lists the process's shared discovery sources (one per namespace and
 poll interval, however many iterations follow it) as :class:`SourceStats`: how often each bound
@@ -17,11 +19,12 @@ announced in the release notes. Re-exports only; the machinery lives in private 
 
 from anywool.discovery._hub import SourceStats
 from anywool.discovery._hub import source_stats as discovery_stats
-from anywool.runtime._connection import CallNotDelivered, WorkerConnection
+from anywool.runtime._connection import CallNotDelivered, WorkerBusy, WorkerConnection
 
 __all__ = [
     "CallNotDelivered",
     "SourceStats",
+    "WorkerBusy",
     "WorkerConnection",
     "discovery_stats",
 ]

@@ -21,7 +21,7 @@ from anywool import (
 from anywool.runtime._connection import CallNotDelivered, WorkerConnection
 from anywool.runtime._wire import FrameStream
 
-from ..helpers import follow, take, wait_until
+from ..helpers import call_payload, exception_of, follow, result_of, step_payload, take, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -279,12 +279,11 @@ async def test_a_task_groups_exception_group_arrives_whole_on_both_backends():
 
 
 async def _raw_call(address: str, fn, args: tuple = ()):
-    from anywool.runtime import _serializer
     from anywool.runtime._wire import Frame, Kind
 
     stream = await anyio.connect_unix(address.removeprefix("unix:"))
     frames = FrameStream(stream, stream)
-    await frames.send(Frame(Kind.CALL, 1, _serializer.dumps((fn, args, {}))))
+    await frames.send(Frame(Kind.CALL, 1, call_payload(fn, args)))
     assert (await frames.receive()).kind == Kind.ACK
     return stream, frames
 
@@ -299,7 +298,6 @@ async def slow_steps(n: int):
 async def test_step_frames_a_call_cannot_use_end_that_call_only(routine_kind):
     # A coroutine takes no step frames; a generator takes one at a time. Anything more is a
     # protocol error that ends the call (nothing queues up), and the connection goes on.
-    from anywool.runtime import _serializer
     from anywool.runtime._wire import Frame, FrameError, Kind
 
     with anyio.fail_after(30):
@@ -308,25 +306,24 @@ async def test_step_frames_a_call_cannot_use_end_that_call_only(routine_kind):
             stream, frames = await _raw_call(worker.metadata.address, fn, (3,))
             async with stream:
                 # A generator runs its first step and can hold one more; the rest are errors.
-                await frames.send(Frame(Kind.ASEND, 1, _serializer.dumps(None)))
-                big = _serializer.dumps(b"x" * (1 << 20))
+                await frames.send(Frame(Kind.ASEND, 1, step_payload()))
+                big = step_payload(b"x" * (1 << 20))
                 for _ in range(4):
                     await frames.send(Frame(Kind.ASEND, 1, big))
                 replies = []
                 while not replies or replies[-1].kind not in (Kind.EXCEPTION, Kind.END):
                     replies.append(await frames.receive())
-                error = _serializer.loads_exception(replies[-1].payload)
+                error = exception_of(replies[-1].payload)
                 assert isinstance(error, FrameError) and "the call was ended" in str(error)
                 # The same connection serves the next call.
-                await frames.send(Frame(Kind.CALL, 2, _serializer.dumps(
-                    (double.__wrapped__, (4,), {}))))
+                await frames.send(Frame(Kind.CALL, 2, call_payload(double.__wrapped__, (4,))))
                 kinds = []
                 while not kinds or kinds[-1] != Kind.END:
                     frame = await frames.receive()
                     if frame.call_id == 2:
                         kinds.append(frame.kind)
                         if frame.kind == Kind.RESULT:
-                            assert _serializer.loads(frame.payload) == 8
+                            assert result_of(frame.payload) == 8
                 assert kinds == [Kind.ACK, Kind.RESULT, Kind.END]
 
 
@@ -455,3 +452,76 @@ async def test_current_task_describes_the_call_on_its_worker():
             assert steps == [steps[0]] * 2 and steps[0].endswith("who_am_i_per_step")
     with pytest.raises(RuntimeError, match="inside a routine"):
         anywool.current_task()
+
+
+# -- values that cannot cross ----------------------------------------------------------------
+
+
+class _LoadsOnlyWhereItWasMade:
+    """Pickles anywhere; unpickling fails in any process but the one that made it."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+
+    def __reduce__(self):
+        if os.getpid() == self.pid:
+            return (_refuse_to_load_elsewhere, (self.pid,))
+        return (_LoadsOnlyWhereItWasMade, ())
+
+
+def _refuse_to_load_elsewhere(pid: int) -> object:
+    if os.getpid() != pid:
+        raise ValueError("refused to load in another process")
+    return _LoadsOnlyWhereItWasMade()
+
+
+@routine
+async def echo(value: object) -> object:
+    return value
+
+
+@routine
+async def make_unloadable_here() -> object:
+    return _LoadsOnlyWhereItWasMade()
+
+
+@routine
+async def yields_a_lock():
+    import threading
+
+    yield 1
+    yield threading.Lock()
+
+
+async def test_values_that_cannot_cross_fail_typed_on_the_side_that_fails() -> None:
+    import threading
+
+    from anywool import SerializationError
+
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=1):
+            # An argument that cannot be pickled: the caller fails, nothing is sent.
+            with pytest.raises(SerializationError, match="the arguments cannot be pickled") \
+                    as info:
+                await echo(threading.Lock())
+            assert info.value.routine.endswith("echo") and isinstance(info.value, TypeError)
+            # One that pickles here but cannot be unpickled on the worker.
+            with pytest.raises(SerializationError, match="cannot be unpickled on worker"):
+                await echo(_LoadsOnlyWhereItWasMade())
+            # A result the worker made that cannot be unpickled here.
+            with pytest.raises(SerializationError, match="cannot be unpickled from worker") \
+                    as info:
+                await make_unloadable_here()
+            assert info.value.routine.endswith("make_unloadable_here")
+            # A yielded item that cannot be pickled on the worker, after one that can.
+            agen = yields_a_lock()
+            assert await agen.__anext__() == 1
+            with pytest.raises(SerializationError, match="the item it yielded cannot be pickled"):
+                await agen.__anext__()
+            # A value sent into a generator that cannot be pickled.
+            agen = yields_a_lock()
+            assert await agen.__anext__() == 1
+            with pytest.raises(SerializationError, match="the value sent to it"):
+                await agen.asend(threading.Lock())
+            await agen.aclose()
+            assert await double(8) == 16  # the same worker and connection go on

@@ -187,18 +187,6 @@ async def _sigterm_when_started(signal_: Signal, pid: int) -> None:
     os.kill(pid, signal.SIGTERM)
 
 
-async def test_routine_called_inside_a_routine_without_a_pool_raises_runtime_error() -> None:
-    with anyio.fail_after(30):
-        async with WorkerPool(spawn=1):
-            with pytest.raises(RuntimeError, match="no WorkerPool or WorkerProxy is active"):
-                await nested()
-
-
-@routine
-async def nested() -> int:
-    return await scale(1)
-
-
 async def test_default_pool_spawns_one_worker_per_cpu() -> None:
     with anyio.fail_after(30):
         async with WorkerPool() as pool:

@@ -35,3 +35,7 @@ def test_resolved_is_typed_as_the_single_expected_type_or_keeps_the_dependencys(
     # assert_type fails type checking when the inferred type differs: no error means each
     # overload gave the documented type.
     assert _pyright("tests/typing/resolved_types.py") == []
+
+
+def test_a_context_variable_is_typed_by_its_default_or_its_annotation():
+    assert _pyright("tests/typing/context_types.py") == []

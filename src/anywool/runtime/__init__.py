@@ -1,5 +1,6 @@
 """The worker runtime: routines, the wire protocol, workers, proxies and pools."""
 
+from anywool.runtime._context import ContextVar
 from anywool.runtime._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
 from anywool.runtime._local_worker import LocalWorker
 from anywool.runtime._pool import WorkerPool
@@ -9,6 +10,7 @@ from anywool.runtime._routine import RoutineTask, current_task, routine
 from anywool.runtime._serializer import SerializationWarning
 
 __all__ = [
+    "ContextVar",
     "Factory",
     "LoadBalancerLike",
     "LocalWorker",

@@ -26,9 +26,13 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from anywool._address import Address
 from anywool._owner import SingleUse, exit_task_group
-from anywool.errors import PayloadTooLarge, WorkerError
+from anywool.errors import PayloadTooLarge, SerializationError, WorkerError
+from anywool.runtime import _context
+from anywool.runtime import _envelope as envelope
 from anywool.runtime import _serializer as serializer
+from anywool.runtime._envelope import CallRequest, Origin, Step
 from anywool.runtime._peer import PEER_GONE
+from anywool.runtime._routine import running_task
 from anywool.runtime._wire import (
     DEFAULT_MAX_FRAME_SIZE,
     Frame,
@@ -48,6 +52,11 @@ _CLOSE_TIMEOUT = 1.0
 class CallNotDelivered(WorkerError):
     """The worker never accepted the call (refused it, or the connection was already broken),
     so it certainly did not run and may be retried on another worker."""
+
+
+class WorkerBusy(CallNotDelivered):
+    """The worker refused the call because it runs ``max_concurrency`` calls already; it tells
+    the connection when it has room again (:attr:`WorkerConnection.busy` turns false)."""
 
 
 async def connect_stream(address: Address) -> ByteStream:
@@ -71,6 +80,11 @@ class WorkerConnection(SingleUse):
     :param max_frame_size: the largest frame body accepted or sent, in bytes.
     :param on_lost: called (synchronously, from the reader task) once when the connection fails
         or the worker closes it.
+    :param on_room: called (synchronously, from the reader task) when the worker, having
+        refused a call of this connection as busy, has room again.
+    :param origin: returns what calls made here carry as their origin: the key and pickle of
+        the proxy that routines running for them dispatch their own calls through (``None``:
+        no proxy; such routines cannot call routines).
 
     Entering raises :class:`~anywool.errors.WorkerError` when the worker cannot be reached within
     ``connect_timeout``; ``RuntimeError`` on a second entry. Exiting closes the stream and fails
@@ -86,12 +100,17 @@ class WorkerConnection(SingleUse):
         cancel_timeout: float = 5.0,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         on_lost: Callable[[], object] | None = None,
+        on_room: Callable[[], object] | None = None,
+        origin: Callable[[], Origin | None] | None = None,
     ) -> None:
         self.address = address
         self._connect_timeout = connect_timeout
         self._cancel_timeout = cancel_timeout
         self._max_frame_size = max_frame_size
         self._on_lost = on_lost
+        self._on_room = on_room
+        self._origin = origin
+        self._busy = False
         self._stream: ByteStream | None = None
         self._frames: FrameStream | None = None
         self._task_group: TaskGroup | None = None
@@ -105,6 +124,12 @@ class WorkerConnection(SingleUse):
     def broken(self) -> bool:
         """Whether the connection failed or was closed; a broken connection takes no calls."""
         return self._failure is not None
+
+    @property
+    def busy(self) -> bool:
+        """Whether the worker refused a call of this connection as busy (it runs its
+        ``max_concurrency`` calls) and has not said since that it has room."""
+        return self._busy
 
     async def __aenter__(self) -> WorkerConnection:
         self._enter_once()
@@ -182,6 +207,9 @@ class WorkerConnection(SingleUse):
         assert self._frames is not None
         while True:
             frame = await self._frames.receive()
+            if frame.kind == Kind.ROOM:
+                self._room()
+                continue
             stream = self._calls.get(frame.call_id)
             if stream is None:
                 continue  # a call that already gave up (e.g. cancelled): drop its late frames
@@ -189,6 +217,14 @@ class WorkerConnection(SingleUse):
                 stream.send_nowait(frame)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass
+
+    def _room(self) -> None:
+        self._busy = False
+        if self._on_room is not None:
+            try:
+                self._on_room()
+            except Exception:
+                log.exception("on_room callback of %s failed", self.address)
 
     def _fail(self, reason: str) -> None:
         if self._failure is None:
@@ -232,27 +268,33 @@ class WorkerConnection(SingleUse):
 
     # -- calls -------------------------------------------------------------------------------
 
-    async def _open(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
+    async def _open(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                    *, streaming: bool) -> _Call:
         """Register a call, send its CALL frame and wait for the worker's answer to it.
 
-        The caller's effective deadline travels with the call as the seconds left, so that the
-        worker cancels the routine on time by itself, even if the cancel frame is late or lost.
+        A coroutine's call carries the seconds left of the caller's effective deadline (the
+        worker cancels the routine on time by itself, even if the cancel frame is late or lost)
+        and the caller's context variables; an async generator's steps carry their own.
         """
-        deadline = anyio.current_effective_deadline()
-        if deadline == math.inf:
-            payload = serializer.dumps((fn, args, kwargs))
-        else:
-            remaining = max(0.0, deadline - anyio.current_time())
-            payload = serializer.dumps((fn, args, kwargs, remaining))
+        name = getattr(fn, "__qualname__", repr(fn))
+        request = CallRequest(
+            serializer.dumps_value((fn, args, kwargs), name, "the arguments"),
+            name,
+            None if streaming else _seconds_left(),
+            _running_task_id(),
+            None if self._origin is None else self._origin(),
+            None if streaming else _dump_context(name),
+        )
+        payload = envelope.encode_call(request)
         if len(payload) > payload_limit(self._max_frame_size):
-            raise PayloadTooLarge(f"the call to {getattr(fn, '__qualname__', fn)!s}",
-                                  len(payload), payload_limit(self._max_frame_size))
+            raise PayloadTooLarge(f"the call to {name}", len(payload),
+                                  payload_limit(self._max_frame_size))
         if self._failure is not None or self._frames is None:
             raise CallNotDelivered(self.address, self._failure or "not connected")
         call_id = next(self._ids)
         send, receive = anyio.create_memory_object_stream[Frame](math.inf)
         self._calls[call_id] = send
-        call = _Call(self, call_id, receive, getattr(fn, "__qualname__", repr(fn)))
+        call = _Call(self, call_id, receive, name)
         try:
             try:
                 await self._frames.send(Frame(Kind.CALL, call_id, payload))
@@ -268,6 +310,10 @@ class WorkerConnection(SingleUse):
                     from None
             if first.kind == Kind.NACK:
                 call.finished = True
+                if first.payload == envelope.BUSY:
+                    self._busy = True
+                    raise WorkerBusy(self.address, "the worker refused the call: it runs its "
+                                                   "max_concurrency calls already")
                 raise CallNotDelivered(self.address, "the worker refused the call (it is stopping)")
             if first.kind != Kind.ACK:
                 call.pushback(first)
@@ -291,15 +337,16 @@ class WorkerConnection(SingleUse):
         Cancellation: sends a cancel frame, waits up to ``cancel_timeout`` seconds (shielded) for
         the worker to confirm the routine ended, then re-raises the cancellation.
         """
-        call = await self._open(fn, args, kwargs)
+        call = await self._open(fn, args, kwargs, streaming=False)
         try:
             value: Any = None
             while True:
                 frame = await call.next_frame()
                 if frame.kind == Kind.RESULT:
-                    value = serializer.loads(frame.payload)
+                    value = call.value(frame)
                 elif frame.kind == Kind.END:
                     call.finished = True
+                    call.end(frame)
                     return value
                 else:
                     call.finished = True
@@ -315,7 +362,7 @@ class WorkerConnection(SingleUse):
         :returns: the accepted call; drive it with :func:`drive_stream`.
         :raises CallNotDelivered: as for :meth:`call`.
         """
-        return await self._open(fn, args, kwargs)
+        return await self._open(fn, args, kwargs, streaming=True)
 
 
 class _Call:
@@ -358,9 +405,32 @@ class _Call:
             await self.abort()
             raise
 
+    def value(self, frame: Frame) -> Any:
+        """The value a RESULT frame carries; what the routine changed in its context variables
+        is set in the current context (the caller's, as with a local ``await``)."""
+        data, changes = envelope.decode_reply(frame.payload)
+        self._update(changes)
+        return serializer.loads_value(data, self.name, "the value it produced",
+                                      f" from worker {self.connection.address}")
+
+    def end(self, frame: Frame) -> None:
+        """Take an END frame: set the context variables it carries."""
+        self._update(envelope.decode_end(frame.payload))
+
+    def _update(self, changes: bytes | None) -> None:
+        if changes is not None:
+            _context.update(serializer.loads_value(
+                changes, self.name, "the values of the context variables it set",
+                f" from worker {self.connection.address}"))
+
     def remote_exception(self, frame: Frame) -> BaseException:
         if frame.kind == Kind.EXCEPTION:
-            return serializer.loads_exception(frame.payload)
+            try:
+                data, changes = envelope.decode_reply(frame.payload)
+                self._update(changes)
+            except (FrameError, SerializationError) as exc:
+                return exc
+            return serializer.loads_exception(data)
         if frame.kind == Kind.NACK:
             return CallNotDelivered(self.connection.address, "the worker refused the call")
         return WorkerError(self.connection.address, f"unexpected {frame.kind.name} frame")
@@ -403,19 +473,23 @@ class _Call:
             self.connection._forget(self.id)
             self._receive.close()
 
-    async def step(self, kind: Kind, payload: bytes = b"") -> tuple[bool, Any]:
-        """Drive a streaming call by one step.
+    async def step(self, kind: Kind, value: bytes = b"") -> tuple[bool, Any]:
+        """Drive a streaming call by one step, carrying the caller's deadline and context
+        variables; what the step changed in them is set in the caller's context.
 
+        :param value: the pickled value sent (``ASEND``) or exception thrown (``ATHROW``).
         :returns: ``(False, item)`` for a yielded item, ``(True, None)`` when the remote
             generator is exhausted or closed.
         :raises Exception: what the remote generator raised.
         """
-        await self.send(kind, payload)
+        await self.send(kind, envelope.encode_step(
+            Step(value, _seconds_left(), _dump_context(self.name))))
         frame = await self.next_frame()
         if frame.kind == Kind.RESULT:
-            return False, serializer.loads(frame.payload)
+            return False, self.value(frame)
         self.finished = True
         if frame.kind == Kind.END:
+            self.end(frame)
             return True, None
         raise self.remote_exception(frame)
 
@@ -437,7 +511,7 @@ async def drive_stream(
     with busy:
         call = await open_call()
     try:
-        kind, payload = Kind.ASEND, serializer.dumps(None)
+        kind, payload = Kind.ASEND, _NONE
         while True:
             with busy:
                 done, item = await call.step(kind, payload)
@@ -459,7 +533,30 @@ async def drive_stream(
             except BaseException as exc:  # athrow(): forward it into the remote generator
                 kind, payload = Kind.ATHROW, serializer.dumps_exception(exc)
             else:
-                kind, payload = Kind.ASEND, serializer.dumps(sent)
+                kind, payload = Kind.ASEND, (
+                    _NONE if sent is None
+                    else serializer.dumps_value(sent, call.name, "the value sent to it"))
     finally:
         await call.release()
 
+
+_NONE = serializer.dumps(None)
+
+
+def _seconds_left() -> float | None:
+    """The seconds left of the current task's effective deadline (``None``: it has none)."""
+    deadline = anyio.current_effective_deadline()
+    if deadline == math.inf:
+        return None
+    return max(0.0, deadline - anyio.current_time())
+
+
+def _dump_context(routine: str) -> bytes | None:
+    values = _context.capture()
+    return None if values is None else serializer.dumps_context(values, routine)
+
+
+def _running_task_id() -> int | None:
+    """The id of the call the current task runs a routine for (``None`` outside routines)."""
+    task = running_task()
+    return None if task is None else task.id

@@ -30,8 +30,12 @@ class LoadBalancerLike(Protocol):
 
         :param workers: the admitted workers with an open connection, in admission order.
         :param send: delivers the call over a connection; raises
-            :class:`~anywool.lowlevel.CallNotDelivered` when that worker did not take it.
-        :raises NoWorkersAvailable: no worker took the call.
+            :class:`~anywool.lowlevel.CallNotDelivered` when that worker did not take it
+            (:class:`~anywool.lowlevel.WorkerBusy` when it runs its ``max_concurrency`` calls).
+            Await it in the task that called ``dispatch``: the context variables the routine
+            sets are set in that task's context.
+        :raises NoWorkersAvailable: no worker took the call (when every worker was busy, the
+            proxy waits for one to have room and calls ``dispatch`` again).
         """
         ...
 
@@ -39,8 +43,9 @@ class LoadBalancerLike(Protocol):
 class RoundRobinLoadBalancer:
     """Hands calls to the workers in turn, skipping broken connections and refusing workers.
 
-    A worker that refuses a call (it is stopping) or whose connection is broken is skipped and the
-    next one tried, each worker at most once per call. Exceptions other than
+    A worker that refuses a call (it is stopping, or runs its ``max_concurrency`` calls), whose
+    connection is broken, or that refused an earlier call as busy and has not had room since, is
+    skipped and the next one tried, each worker at most once per call. Exceptions other than
     :class:`~anywool.lowlevel.CallNotDelivered` (the routine's own, a connection lost
     mid-call, cancellation) propagate unchanged.
     """
@@ -66,7 +71,7 @@ class RoundRobinLoadBalancer:
         last: CallNotDelivered | None = None
         for offset in range(count):
             _, connection = workers[(start + offset) % count]
-            if connection.broken:
+            if connection.broken or connection.busy:
                 continue
             try:
                 return await send(connection)

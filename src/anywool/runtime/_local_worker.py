@@ -34,7 +34,7 @@ from anywool.errors import WorkerError
 from anywool.metadata import WorkerMetadata
 from anywool.runtime import _socket_dir
 from anywool.runtime._peer import PEER_GONE
-from anywool.runtime._worker import PARENT_PID_ENV, SYS_PATH_ENV
+from anywool.runtime._worker import MAX_CONCURRENCY, PARENT_PID_ENV, SYS_PATH_ENV
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,9 @@ class LocalWorker(SingleUse):
     :param startup_timeout: seconds (> 0) allowed for the worker to report its address.
     :param shutdown_timeout: seconds the worker gets to drain its in-flight calls when stopped
         (``0``: cancel them at once); after that it gets SIGTERM, then SIGKILL.
+    :param max_concurrency: the most calls the worker runs at once (``int`` ≥ 1; ``None``: no
+        bound). A call beyond it is refused before it runs, and a proxy tries another worker
+        or waits for room.
 
     Entering raises :class:`~anywool.errors.WorkerError` when the process does not start or
     report its address within ``startup_timeout`` (the process is killed and reaped first), and
@@ -91,6 +94,7 @@ class LocalWorker(SingleUse):
         extra: Mapping[str, Any] | None = None,
         startup_timeout: float = 30.0,
         shutdown_timeout: float = 10.0,
+        max_concurrency: int | None = None,
     ) -> None:
         self._backend = _validate.backend(backend)
         self._tags = _validate.tag_set("tags", tags)
@@ -99,6 +103,8 @@ class LocalWorker(SingleUse):
                                                    allow_zero=False)
         self._shutdown_timeout = _validate.duration("shutdown_timeout", shutdown_timeout,
                                                     allow_zero=True)
+        self._max_concurrency = None if max_concurrency is None else _validate.count(
+            "max_concurrency", max_concurrency, upper=MAX_CONCURRENCY)
         self._process: Process | None = None
         self._metadata: WorkerMetadata | None = None
         self._home: Path | None = None
@@ -138,6 +144,8 @@ class LocalWorker(SingleUse):
             raise WorkerError("unstarted", str(exc)) from exc
         command = [sys.executable, "-m", "anywool.worker", "--backend", backend,
                    "--home", str(self._home)]
+        if self._max_concurrency is not None:
+            command += ["--max-concurrency", str(self._max_concurrency)]
         try:
             process = await anyio.open_process(
                 command, stdin=-1, stdout=-1, stderr=None, cwd=os.getcwd(), env=env

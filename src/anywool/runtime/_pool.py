@@ -38,6 +38,7 @@ from anywool._teardown import Budget, ExitWithin
 from anywool.discovery import DiscoveryLike, DiscoveryPublisherLike, DiscoverySubscriberLike
 from anywool.runtime._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
 from anywool.runtime._local_worker import LocalWorker, current_backend
+from anywool.runtime._worker import MAX_CONCURRENCY
 from anywool.runtime._proxy import WorkerProxy
 from anywool.runtime._resolve import expected_names, is_factory, resolved
 
@@ -123,6 +124,9 @@ class WorkerPool(SingleUse):
     :param announce_timeout: seconds (≥ 0) allowed, at exit, for everything that waits on the
         discovery namespace: announcing dropped workers, the publisher's and the discovery's own
         exits.
+    :param max_concurrency: the most calls each spawned worker runs at once (``int`` ≥ 1;
+        ``None``: no bound). A worker at its bound refuses a call before running it; the call
+        goes to another worker, or waits until one has room.
     :raises TypeError: an argument has the wrong type, e.g. a ``discovery`` or ``loadbalancer``
         that is neither a protocol instance nor a Factory form, or a bare subscriber given to a
         spawning pool (checked at construction where the value says so, else at entry).
@@ -163,6 +167,7 @@ class WorkerPool(SingleUse):
         startup_timeout: float = 30.0,
         shutdown_timeout: float = 10.0,
         announce_timeout: float = 5.0,
+        max_concurrency: int | None = None,
     ) -> None:
         self._spawn = None if spawn is None else _validate.count("spawn", spawn, upper=MAX_SPAWN)
         if discovery is not None and not is_factory(discovery):
@@ -201,6 +206,8 @@ class WorkerPool(SingleUse):
         self._startup_timeout = _validate.duration("startup_timeout", startup_timeout, allow_zero=False)
         self._shutdown_timeout = _validate.duration("shutdown_timeout", shutdown_timeout, allow_zero=True)
         self._announce_timeout = _validate.duration("announce_timeout", announce_timeout, allow_zero=True)
+        self._max_concurrency = None if max_concurrency is None else _validate.count(
+            "max_concurrency", max_concurrency, upper=MAX_CONCURRENCY)
         self._stack: AsyncExitStack | None = None
         self._workers: list[LocalWorker] = []
         self._own: set[UUID] = set()
@@ -320,7 +327,7 @@ class WorkerPool(SingleUse):
             quorum_timeout=self._quorum_timeout,
             lease=self._lease,
         )
-        self._proxy._own = self._own
+        self._proxy._set_own(self._own)
         await stack.enter_async_context(self._proxy)
         stack.push_async_callback(self._begin_exit)
 
@@ -360,11 +367,13 @@ class WorkerPool(SingleUse):
         start_failures = 0
         while not (self._stopping.is_set() or self._exiting):
             worker = LocalWorker(backend=backend, tags=tags, startup_timeout=self._startup_timeout,
-                                 shutdown_timeout=self._shutdown_timeout)
+                                 shutdown_timeout=self._shutdown_timeout,
+                                 max_concurrency=self._max_concurrency)
             try:
                 async with worker:
                     born = anyio.current_time()
                     self._own.add(worker.metadata.uid)
+                    self._own_changed()
                     self._workers.append(worker)
                     try:
                         if started:
@@ -382,6 +391,7 @@ class WorkerPool(SingleUse):
                                 worker.pid, code)
                     await self._announce(worker, "worker-dropped")
                     self._own.discard(worker.metadata.uid)
+                    self._own_changed()
             except Exception as exc:  # a supervisor never ends the pool's task group
                 if not started:
                     raise
@@ -399,6 +409,10 @@ class WorkerPool(SingleUse):
                 return
             with anyio.move_on_after(_RESTART_BACKOFF * 2 ** (start_failures - 1)):
                 await self._stopping.wait()
+
+    def _own_changed(self) -> None:
+        if self._proxy is not None:
+            self._proxy._set_own(self._own)
 
     async def _until_exit_or_stop(self, worker: LocalWorker) -> int | None:
         """The worker's exit code if its process ends by itself, ``None`` if the pool stops."""

@@ -17,9 +17,10 @@ later dispatch with that exception at once.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Callable, Iterable
+import uuid
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 import anyio
@@ -30,7 +31,9 @@ from anywool._owner import SingleUse, exit_task_group
 from anywool.discovery import DiscoveryEvent, DiscoverySubscriberLike, afilter
 from anywool.errors import NoWorkersAvailable, WorkerError
 from anywool.metadata import WorkerMetadata
-from anywool.runtime._connection import WorkerConnection, _Call, drive_stream
+from anywool.runtime import _serializer as serializer
+from anywool.runtime._connection import WorkerBusy, WorkerConnection, _Call, drive_stream
+from anywool.runtime._envelope import Origin
 from anywool.runtime._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
 from anywool.runtime._resolve import is_context_manager
 from anywool.runtime._routine import reset_active, set_active
@@ -42,6 +45,12 @@ _BACKOFF_FIRST = 0.05
 _BACKOFF_MAX = 2.0
 # At exit, how long calls still running after the drain get to acknowledge their cancellation.
 _CANCEL_AT_EXIT = 1.0
+# Once the quorum is met, how long at most the first dispatch also waits for the first
+# connections to the other admitted workers (seconds): so that the first calls spread over the
+# pool, rather than all go to the worker that happened to connect first.
+_SETTLE = 0.25
+
+T = TypeVar("T")
 
 
 class SharesATag:
@@ -207,6 +216,11 @@ class WorkerProxy(SingleUse):
         self._failure: BaseException | None = None
         self._changed = anyio.Event()
         self._in_flight = _InFlight()
+        # What calls carry so that their routines can call routines (see runtime._nested):
+        # this proxy's key and pickle, made once (again when the pool's own workers change).
+        self._origin_key = uuid.uuid4().bytes
+        self._origin_blob: bytes | None = None
+        self._origin_unpicklable = False
 
     @property
     def discovery(self) -> DiscoverySubscriberLike:
@@ -345,6 +359,13 @@ class WorkerProxy(SingleUse):
             uid = next(iter(self._waiting))
             self._admit(self._waiting.pop(uid))
 
+    def _unready(self, uid: UUID, connection: WorkerConnection) -> None:
+        """Take ``connection`` out of the choice of workers (if it is still ``uid``'s)."""
+        entry = self._ready.get(uid)
+        if entry is not None and entry[1] is connection:
+            del self._ready[uid]
+            self._notify()
+
     async def _serve(self, admitted: _Admitted) -> None:
         """Keep one connection to ``admitted`` open while it is announced, reconnecting with
         backoff when the connection is lost."""
@@ -355,11 +376,20 @@ class WorkerProxy(SingleUse):
             while not admitted.dropped:
                 wakeup = admitted.wakeup = anyio.Event()
                 address = admitted.metadata.address
+
+                def lost(wakeup: anyio.Event = wakeup) -> None:
+                    # Before its calls learn of it: a call that fails with the connection finds
+                    # the worker out of the proxy's choice already.
+                    self._unready(uid, connection)
+                    wakeup.set()
+
                 connection = WorkerConnection(
                     address,
                     connect_timeout=self._connect_timeout,
                     cancel_timeout=self._cancel_timeout,
-                    on_lost=wakeup.set,
+                    on_lost=lost,
+                    on_room=self._notify,
+                    origin=self._origin,
                 )
                 try:
                     async with connection:
@@ -373,9 +403,7 @@ class WorkerProxy(SingleUse):
                         if admitted.dropped:
                             # Withdrawn: no new call goes to it, but the calls on it may finish
                             # (a stopping worker drains them): closing now would fail them.
-                            if self._ready.get(uid, (None, None))[1] is connection:
-                                del self._ready[uid]
-                                self._notify()
+                            self._unready(uid, connection)
                             await connection.wait_idle()
                 except WorkerError as exc:
                     (log.warning if failures == 0 else log.debug)(
@@ -386,9 +414,7 @@ class WorkerProxy(SingleUse):
                     (log.exception if failures == 0 else log.debug)(
                         "unexpected failure with worker %s", address)
                 finally:
-                    entry = self._ready.get(uid)
-                    if entry is not None and entry[1] is connection:
-                        del self._ready[uid]
+                    self._unready(uid, connection)
                     if first:
                         first = False
                         self._connecting -= 1
@@ -427,6 +453,10 @@ class WorkerProxy(SingleUse):
             raise self._inactive()
         connected = len(self._ready)
         if connected >= need:
+            if not self._quorum_met:
+                with anyio.move_on_after(_SETTLE):
+                    while self._connecting and self._active and self._failure is None:
+                        await self._changed.wait()
             self._quorum_met = True
             return
         if at_entry:
@@ -458,6 +488,30 @@ class WorkerProxy(SingleUse):
             await self._wait_for_quorum()
         return self._ready_list
 
+    async def _deliver(self, send: Callable[[WorkerConnection], Awaitable[T]]) -> T:
+        """Hand a call to the balancer; when every worker refused it as busy, wait (without
+        polling: a worker with room again, or a change of workers, wakes it) and try again."""
+        refused = False
+
+        async def attempt(connection: WorkerConnection) -> T:
+            nonlocal refused
+            try:
+                return await send(connection)
+            except WorkerBusy:
+                refused = True
+                raise
+
+        while True:
+            changed = self._changed  # before trying: a ROOM arriving meanwhile sets it
+            workers = await self._workers()
+            refused = False
+            try:
+                return await self._balancer.dispatch(workers, attempt)
+            except NoWorkersAvailable:
+                if not (refused or any(connection.busy for _, connection in workers)):
+                    raise
+            await changed.wait()
+
     async def dispatch(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run the coroutine routine ``fn(*args, **kwargs)`` on a worker and return its result.
 
@@ -468,11 +522,13 @@ class WorkerProxy(SingleUse):
             routine's own exception; :class:`~anywool.errors.WorkerError` when the connection
             was lost mid-call; :class:`~anywool.errors.RoutineCancelled`.
 
+        A call that every worker refuses because it runs its ``max_concurrency`` calls waits
+        until one has room, for as long as it takes (bound it with a deadline).
+
         Cancellation: cancels the routine on the worker, waits (bounded) for it to unwind.
         """
         with self._in_flight:
-            workers = await self._workers()
-            return await self._balancer.dispatch(workers, lambda c: c.call(fn, args, kwargs))
+            return await self._deliver(lambda c: c.call(fn, args, kwargs))
 
     def stream(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -484,10 +540,34 @@ class WorkerProxy(SingleUse):
         """
 
         async def open_call() -> _Call:
-            workers = await self._workers()
-            return await self._balancer.dispatch(workers, lambda c: c.stream(fn, args, kwargs))
+            return await self._deliver(lambda c: c.stream(fn, args, kwargs))
 
         return drive_stream(open_call, self._in_flight)
+
+    # -- origin --------------------------------------------------------------------------------
+
+    def _origin(self) -> Origin | None:
+        """This proxy's key and pickle, which its calls carry (``None``: it cannot be pickled,
+        so routines called through it cannot call routines; logged once, at debug level)."""
+        if self._origin_blob is None and not self._origin_unpicklable:
+            try:
+                self._origin_blob = serializer.dumps(self)
+            except serializer.VALUE_FAILURES as exc:
+                self._origin_unpicklable = True
+                log.debug("routines called through %r cannot call routines: the proxy cannot be "
+                          "pickled (%s: %s)", self, type(exc).__name__, exc)
+        return None if self._origin_blob is None else (self._origin_key, self._origin_blob)
+
+    def _adopt_origin(self, origin: Origin) -> None:
+        """Carry ``origin`` (this proxy was rebuilt from it on a worker) in every call."""
+        self._origin_key, self._origin_blob = origin
+
+    def _set_own(self, uids: Iterable[UUID]) -> None:
+        """The workers a pool spawned itself, admitted whatever the lease (the pool calls this
+        whenever they change)."""
+        self._own = set(uids)
+        self._origin_blob = None
+        self._origin_unpicklable = False
 
     # -- pickling ------------------------------------------------------------------------------
 
@@ -509,7 +589,7 @@ class WorkerProxy(SingleUse):
             "cancel_timeout": self._cancel_timeout,
         }
         where = self._discovery if self._uri is None else self._uri
-        return (_rebuild, (where, tuple(sorted(self._uri_tags)), options))
+        return (_rebuild, (where, tuple(sorted(self._uri_tags)), options, frozenset(self._own)))
 
     def __repr__(self) -> str:
         if self._uri is not None:
@@ -537,5 +617,8 @@ def _check_subscriber(discovery: object) -> DiscoverySubscriberLike:
     return discovery
 
 
-def _rebuild(where: Any, uri_tags: tuple[str, ...], options: dict[str, Any]) -> WorkerProxy:
-    return WorkerProxy(where, *uri_tags, **options)
+def _rebuild(where: Any, uri_tags: tuple[str, ...], options: dict[str, Any],
+             own: frozenset[UUID] = frozenset()) -> WorkerProxy:
+    proxy = WorkerProxy(where, *uri_tags, **options)
+    proxy._own = set(own)
+    return proxy

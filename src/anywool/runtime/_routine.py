@@ -8,9 +8,9 @@ it and nothing outside sees it.
 
 The decorated function keeps its name, module and qualified name (``functools.wraps``), so it
 pickles by reference like any module-level function. The worker receives the *decorated*
-function and runs its :attr:`__wrapped__` body directly; the decorated function itself is never
-called on the worker, which is why calling a routine from inside a routine (with no proxy active
-on the worker) raises the same :class:`RuntimeError` as anywhere else.
+function and runs its :attr:`__wrapped__` body directly. A routine that calls a routine on a
+worker calls the decorated function there: the worker makes the proxy of the pool the call
+tree started from the active dispatcher of the call's task (see :mod:`._nested`).
 
 This module holds no event loop state besides the context variable.
 """
@@ -171,6 +171,11 @@ def current_task() -> RoutineTask:
         raise RuntimeError("anywool.current_task() is only available inside a routine running "
                            "on a worker")
     return task
+
+
+def running_task() -> RoutineTask | None:
+    """The call the current task runs a routine for, or ``None`` (outside routines)."""
+    return _running.get()
 
 
 def set_running(task: RoutineTask) -> contextvars.Token[RoutineTask | None]:

@@ -23,6 +23,8 @@ from typing import Any
 import cloudpickle
 from tblib import pickling_support
 
+from anywool.errors import SerializationError
+
 # Markers stored beside a pickled exception: how faithful the copy is.
 _EXACT = 0
 _REBUILT = 1
@@ -55,6 +57,48 @@ def loads(data: bytes) -> Any:
     except (SystemExit, GeneratorExit) as exc:
         raise pickle.UnpicklingError(
             f"unpickling raised {type(exc).__name__}: {exc}") from exc
+
+
+#: What pickling or unpickling a value may raise that is the value's doing: its reducers may raise
+#: anything, ``SystemExit`` included. ``KeyboardInterrupt`` is the user's and propagates.
+VALUE_FAILURES = (Exception, SystemExit, GeneratorExit)
+
+
+def dumps_value(obj: object, routine: str, what: str, where: str = "") -> bytes:
+    """:func:`dumps`, failing as :class:`~anywool.errors.SerializationError`.
+
+    :param routine: the routine the value belongs to (named in the error).
+    :param what: what the value is, in words (``"the arguments"``).
+    :param where: where it is pickled, in words (``" on worker unix:/..."``), or ``""``.
+    """
+    try:
+        return dumps(obj)
+    except VALUE_FAILURES as exc:
+        raise SerializationError(routine, what, f"cannot be pickled{where} "
+                                                f"({type(exc).__name__}: {exc})") from exc
+
+
+def loads_value(data: bytes, routine: str, what: str, where: str = "") -> Any:
+    """:func:`loads`, failing as :class:`~anywool.errors.SerializationError` (see
+    :func:`dumps_value`)."""
+    try:
+        return loads(data)
+    except Exception as exc:
+        raise SerializationError(routine, what, f"cannot be unpickled{where} "
+                                                f"({type(exc).__name__}: {exc})") from exc
+
+
+def dumps_context(values: dict[str, Any], routine: str, where: str = "") -> bytes:
+    """Pickle context-variable values (see :mod:`anywool.runtime._context`); a failure names the
+    variable whose value cannot be pickled."""
+    try:
+        return dumps(values)
+    except VALUE_FAILURES as exc:
+        for name, value in values.items():
+            dumps_value(value, routine, f"the value of context variable {name!r}", where)
+        raise SerializationError(routine, "the values of its context variables",
+                                 f"cannot be pickled{where} ({type(exc).__name__}: {exc})") \
+            from exc
 
 
 def dumps_exception(exc: BaseException) -> bytes:

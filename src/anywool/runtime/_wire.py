@@ -7,9 +7,12 @@ length never makes us allocate gigabytes.
 
 Per call the worker answers ``Ack? (Result* (Exception | End)) | Nack``:
 
-* ``CALL`` (client → worker) carries ``(routine, args, kwargs)``, plus the seconds left of
-  the caller's deadline when it has one (the worker cancels the routine when they run out);
-* ``ACK`` says the worker accepted it, ``NACK`` that it refused it (it is stopping);
+* ``CALL`` (client → worker) carries the routine, its arguments and what travels with them
+  (the caller's deadline, context variables, the pool the call tree started from; see
+  :mod:`anywool.runtime._envelope` for every payload);
+* ``ACK`` says the worker accepted it; ``NACK`` that it refused it without running anything
+  (it is stopping, or at its ``max_concurrency``: then it sends ``ROOM``, call id 0, once it
+  has room again);
 * a coroutine answers one ``RESULT`` then ``END``;
 * an async generator answers one frame per step the client drives with ``ASEND``, ``ATHROW``
   or ``ACLOSE``: ``RESULT`` (a yielded item), ``END`` (exhausted or closed) or ``EXCEPTION``;
@@ -52,6 +55,7 @@ class Kind(enum.IntEnum):
     ASEND = 8
     ATHROW = 9
     ACLOSE = 10
+    ROOM = 11
 
 
 @dataclass(frozen=True, slots=True)

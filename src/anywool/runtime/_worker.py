@@ -56,11 +56,14 @@ import anyio
 from anyio.abc import ByteStream, Listener, TaskGroup
 
 from anywool._address import Address
-from anywool.errors import PayloadTooLarge, RoutineAborted, RoutineCancelled
+from anywool.errors import PayloadTooLarge, RoutineAborted, RoutineCancelled, SerializationError
+from anywool.runtime import _context
+from anywool.runtime import _envelope as envelope
 from anywool.runtime import _serializer as serializer
 from anywool.runtime import _lifeline, _socket_dir
+from anywool.runtime._nested import NestedProxies, idle_timeout_from_environment
 from anywool.runtime._peer import PEER_GONE, PEER_HUNG_UP
-from anywool.runtime._routine import RoutineTask, routine_body, set_running
+from anywool.runtime._routine import RoutineTask, routine_body, set_active, set_running
 from anywool.runtime._wire import Frame, FrameError, FrameStream, Kind, payload_limit
 
 log = logging.getLogger("anywool.worker")
@@ -75,6 +78,8 @@ _LINGER = 2.0
 # Once its parent is gone (stdin hung up), the seconds a worker has to stop by itself before it
 # exits regardless: a routine that shields itself or blocks the event loop cannot keep it alive.
 _ORPHAN_GRACE = 5.0
+#: The largest ``--max-concurrency``.
+MAX_CONCURRENCY = 1 << 20
 _ORPHANED_EXIT_CODE = 70
 
 
@@ -124,6 +129,13 @@ class _Stop:
                 await self._changed.wait()
 
 
+class _Untracked:
+    """No context-variable changes to report: the routine never ran."""
+
+
+_UNTRACKED = _Untracked()
+
+
 class _ServerCall:
     def __init__(self, call_id: int) -> None:
         self.id = call_id
@@ -142,12 +154,19 @@ class _ServerCall:
 
 
 class _Worker:
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, nested: NestedProxies,
+                 max_concurrency: int | None = None) -> None:
         self.address = address
+        self.nested = nested
+        self.max_concurrency = max_concurrency
         self.stop = _Stop()
         self.connections: set[ByteStream] = set()
         self.calls: set[_ServerCall] = set()
         self._connections_changed = anyio.Event()
+        # Connections refused a call as busy, each with its task group: they get a ROOM frame
+        # once a call ends below the bound.
+        self._waiting_for_room: dict[FrameStream, TaskGroup] = {}
+        self._on = f" on worker {address}"
 
     # -- connections ---------------------------------------------------------------------------
 
@@ -198,6 +217,7 @@ class _Worker:
                 log.warning("dropping a connection: %s", exc)
             except Exception:
                 log.exception("dropping a connection after an unexpected error")
+            self._waiting_for_room.pop(frames, None)
             tg.cancel_scope.cancel()  # the client is gone: cancel its calls
 
     def _route(
@@ -206,6 +226,9 @@ class _Worker:
         if frame.kind == Kind.CALL:
             if self.stop.draining or frame.call_id in calls:
                 tg.start_soon(_refuse, frames, frame.call_id)
+                return
+            if not self._has_room():
+                tg.start_soon(self._refuse_busy, frames, frame.call_id, tg)
                 return
             call = _ServerCall(frame.call_id)
             calls[call.id] = call
@@ -229,6 +252,29 @@ class _Worker:
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 pass  # the call is ending
 
+    # -- admission -----------------------------------------------------------------------------
+
+    def _has_room(self) -> bool:
+        return self.max_concurrency is None or self.stop.in_flight < self.max_concurrency
+
+    async def _refuse_busy(self, frames: FrameStream, call_id: int, tg: TaskGroup) -> None:
+        # The ROOM that answers this refusal must follow it on the stream: a client that read
+        # ROOM first would then wait for one that never comes.
+        try:
+            await frames.send(Frame(Kind.NACK, call_id, envelope.BUSY))
+            if self._has_room():
+                await frames.send(Frame(Kind.ROOM, 0))
+            else:
+                self._waiting_for_room[frames] = tg
+        except PEER_GONE:
+            pass
+
+    def _offer_room(self) -> None:
+        if self._waiting_for_room and self._has_room():
+            waiting, self._waiting_for_room = self._waiting_for_room, {}
+            for frames, tg in waiting.items():
+                tg.start_soon(_send_room, frames)
+
     # -- calls ---------------------------------------------------------------------------------
 
     async def _run(
@@ -249,33 +295,35 @@ class _Worker:
             call.inbox_send.close()
             call.inbox.close()
             self.stop.finished()
+            self._offer_room()
 
     async def _execute(self, frames: FrameStream, call: _ServerCall, payload: bytes) -> None:
         with call.scope:
             try:
-                fn, args, kwargs, *rest = serializer.loads(payload)
-                call.name = getattr(fn, "__qualname__", repr(fn))
+                request = envelope.decode_call(payload)
+                call.name = request.name
+                fn, args, kwargs = serializer.loads_value(request.call, call.name,
+                                                          "the arguments", self._on)
+                values = self._load_context(request.context, call.name)
                 body = routine_body(fn)
-                if rest:  # the seconds left of the caller's deadline
-                    [remaining] = rest
-                    if isinstance(remaining, bool) or not isinstance(remaining, (int, float)) \
-                            or not remaining >= 0:
-                        raise ValueError(f"a call's deadline must be seconds >= 0, "
-                                         f"got {remaining!r}")
-                    call.scope.deadline = anyio.current_time() + remaining
+                call.streaming = inspect.isasyncgenfunction(body)
+                if request.timeout is not None and not call.streaming:
+                    call.scope.deadline = anyio.current_time() + request.timeout
             except Exception as exc:
                 await self._reply_exception(frames, call, exc)
                 return
             await frames.send(Frame(Kind.ACK, call.id))
-            # Set in this call's own task: the routine (and tasks it starts) see it, nothing else.
-            set_running(RoutineTask(call.id, None, call.name, call.scope.deadline))
-            call.streaming = inspect.isasyncgenfunction(body)
+            # Set in this call's own task: the routine (and tasks it starts) see them, nothing
+            # else does.
+            set_active(self.nested.dispatcher(request.origin, call.name))
             if call.streaming:
-                await self._run_generator(frames, call, body, args, kwargs)
+                await self._run_generator(frames, call, request.caller, body, args, kwargs)
             else:
                 if call.inbox_send.statistics().current_buffer_used:  # sent before it loaded
                     call.refuse("a step frame for a coroutine call")
-                await self._run_coroutine(frames, call, body, args, kwargs)
+                set_running(RoutineTask(call.id, request.caller, call.name, call.scope.deadline))
+                _context.apply(values)
+                await self._run_coroutine(frames, call, values, body, args, kwargs)
         if call.scope.cancelled_caught:
             if call.protocol_error is not None:
                 await self._reply_exception(frames, call, FrameError(
@@ -283,10 +331,21 @@ class _Worker:
             else:
                 await self._reply_cancelled(frames, call)
 
+    def _load_context(self, data: bytes | None, name: str) -> dict[str, Any] | None:
+        if data is None:
+            return None
+        values = serializer.loads_value(data, name, "the values of its context variables",
+                                        self._on)
+        if not isinstance(values, dict) or not all(isinstance(key, str) for key in values):
+            raise SerializationError(name, "the values of its context variables",
+                                     f"are not a dict by variable name{self._on}")
+        return values
+
     async def _run_coroutine(
         self,
         frames: FrameStream,
         call: _ServerCall,
+        values: dict[str, Any] | None,
         body: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
@@ -294,39 +353,67 @@ class _Worker:
         try:
             value = await body(*args, **kwargs)
         except BaseException as exc:
-            await self._reply_exception(frames, call, self._reportable(call, exc))
+            await self._reply_exception(frames, call, self._reportable(call, exc), values)
             return
-        if await self._reply_value(frames, call, value):
+        if await self._reply_value(frames, call, value, "the value it returned", values):
             await frames.send(Frame(Kind.END, call.id))
 
     async def _run_generator(
         self,
         frames: FrameStream,
         call: _ServerCall,
+        caller: int | None,
         body: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> None:
         agen = body(*args, **kwargs)
         try:
-            async for step in call.inbox:
+            async for frame in call.inbox:
+                sent: Any = None
+                thrown: BaseException | None = None
                 try:
-                    if step.kind == Kind.ASEND:
-                        item = await agen.asend(serializer.loads(step.payload))
-                    elif step.kind == Kind.ATHROW:
-                        item = await agen.athrow(serializer.loads_exception(step.payload))
-                    else:
-                        await agen.aclose()
-                        await frames.send(Frame(Kind.END, call.id))
-                        return
-                except StopAsyncIteration:
-                    await frames.send(Frame(Kind.END, call.id))
+                    step = envelope.decode_step(frame.payload)
+                    values = self._load_context(step.context, call.name)
+                    if frame.kind == Kind.ASEND:
+                        sent = serializer.loads_value(step.value, call.name,
+                                                      "the value sent to it", self._on)
+                    elif frame.kind == Kind.ATHROW:
+                        thrown = serializer.loads_exception(step.value)
+                except Exception as exc:
+                    await self._reply_exception(frames, call, exc)
                     return
-                except BaseException as exc:
-                    await self._reply_exception(frames, call, self._reportable(call, exc))
-                    return
-                if not await self._reply_value(frames, call, item):
-                    return
+                # Each step runs as a local one would: in the caller's context variables, under
+                # the caller's deadline at that step (none between steps).
+                _context.apply(values)
+                item: Any = None
+                ended = False
+                error: BaseException | None = None
+                with anyio.CancelScope() as step_scope:
+                    if step.timeout is not None:
+                        step_scope.deadline = anyio.current_time() + step.timeout
+                    set_running(RoutineTask(call.id, caller, call.name, step_scope.deadline))
+                    try:
+                        if thrown is not None:
+                            item = await agen.athrow(thrown)
+                        elif frame.kind == Kind.ASEND:
+                            item = await agen.asend(sent)
+                        else:
+                            await agen.aclose()
+                            ended = True
+                    except StopAsyncIteration:
+                        ended = True
+                    except BaseException as exc:
+                        error = self._reportable(call, exc)
+                if step_scope.cancelled_caught:  # the caller's deadline for this step passed
+                    await self._reply_cancelled(frames, call)
+                elif error is not None:
+                    await self._reply_exception(frames, call, error, values)
+                elif ended:
+                    await self._reply_end(frames, call, values)
+                elif await self._reply_value(frames, call, item, "the item it yielded", values):
+                    continue
+                return
         finally:
             # Cancelled between steps, or the client vanished: run the generator's finally now.
             with anyio.CancelScope(shield=True), anyio.move_on_after(_REPLY_TIMEOUT * 5):
@@ -355,30 +442,60 @@ class _Worker:
 
     # -- replies -------------------------------------------------------------------------------
 
-    async def _reply_value(self, frames: FrameStream, call: _ServerCall, value: object) -> bool:
-        error: Exception
+    def _changes(self, call: _ServerCall, before: dict[str, Any] | None) -> bytes | None:
+        """What the routine changed in its context variables since ``before``, pickled.
+
+        :raises SerializationError: a changed value cannot be pickled.
+        """
+        changed = _context.changes(before)
+        return None if changed is None else serializer.dumps_context(changed, call.name,
+                                                                     self._on)
+
+    async def _reply_value(self, frames: FrameStream, call: _ServerCall, value: object,
+                           what: str, before: dict[str, Any] | None) -> bool:
         try:
-            payload = serializer.dumps(value)
-        except BaseException as exc:  # whatever a value's __reduce__ does, the worker goes on
-            error = TypeError(f"the value produced by {call.name} cannot be pickled: "
-                              f"{type(exc).__name__}: {exc}")
-            error.__cause__ = exc
-        else:
-            limit = payload_limit(frames.max_frame_size)
-            if len(payload) <= limit:
-                await frames.send(Frame(Kind.RESULT, call.id, payload))
-                return True
-            error = PayloadTooLarge(f"the value produced by {call.name}", len(payload), limit)
-        await self._reply_exception(frames, call, error)
+            payload = envelope.encode_reply(
+                serializer.dumps_value(value, call.name, what, self._on),
+                self._changes(call, before))
+        except SerializationError as error:  # whatever a value's __reduce__ did
+            await self._reply_exception(frames, call, error)
+            return False
+        limit = payload_limit(frames.max_frame_size)
+        if len(payload) <= limit:
+            await frames.send(Frame(Kind.RESULT, call.id, payload))
+            return True
+        await self._reply_exception(frames, call, PayloadTooLarge(
+            f"the value produced by {call.name}", len(payload), limit))
         return False
 
-    async def _reply_exception(self, frames: FrameStream, call: _ServerCall, exc: BaseException) -> None:
+    async def _reply_end(self, frames: FrameStream, call: _ServerCall,
+                         before: dict[str, Any] | None) -> None:
+        try:
+            changes = self._changes(call, before)
+        except SerializationError as error:
+            await self._reply_exception(frames, call, error)
+            return
+        await frames.send(Frame(Kind.END, call.id, envelope.encode_end(changes)))
+
+    async def _reply_exception(self, frames: FrameStream, call: _ServerCall, exc: BaseException,
+                               before: dict[str, Any] | None | _Untracked = _UNTRACKED
+                               ) -> None:
+        """Send ``exc`` as the call's end, with the context variables the routine changed
+        since ``before`` (when it ran at all: a call that failed before running has none)."""
+        changes = None
+        if not isinstance(before, _Untracked):
+            try:
+                changes = self._changes(call, before)
+            except SerializationError as error:
+                exc.add_note(f"(its context-variable changes were lost: {error})")
         payload = serializer.dumps_exception(exc)
         try:
-            await frames.send(Frame(Kind.EXCEPTION, call.id, payload))
+            await frames.send(Frame(Kind.EXCEPTION, call.id,
+                                    envelope.encode_reply(payload, changes)))
         except FrameError:
             replacement = RuntimeError(f"{type(exc).__name__}: {str(exc)[:1000]} (too large to send)")
-            await frames.send(Frame(Kind.EXCEPTION, call.id, serializer.dumps_exception(replacement)))
+            await frames.send(Frame(Kind.EXCEPTION, call.id, envelope.encode_reply(
+                serializer.dumps_exception(replacement))))
 
     async def _reply_cancelled(self, frames: FrameStream, call: _ServerCall) -> None:
         try:
@@ -467,6 +584,13 @@ async def _refuse(frames: FrameStream, call_id: int) -> None:
         pass  # half-closed or gone: the client reads end-of-stream, "not delivered", instead
 
 
+async def _send_room(frames: FrameStream) -> None:
+    try:
+        await frames.send(Frame(Kind.ROOM, 0))
+    except PEER_GONE:
+        pass
+
+
 async def _accept(scope: anyio.CancelScope, listener: Listener[Any],
                   handler: Callable[[Any], Awaitable[None]], handlers: TaskGroup) -> None:
     # Handlers run in ``handlers``, so cancelling ``scope`` stops accepting, nothing else.
@@ -475,12 +599,16 @@ async def _accept(scope: anyio.CancelScope, listener: Listener[Any],
 
 
 async def serve(address: Address | None = None, home: Path | None = None, *,
+                max_concurrency: int | None = None,
                 lifeline: _lifeline.Lifeline | None = None) -> None:
     """Listen, announce the address on stdout, serve until stopped, clean up.
 
+    :param max_concurrency: the most calls run at once (``None``: no bound); a call beyond it
+        is refused before it runs.
     :param lifeline: the sidecar watching our parent, whose pidfd we watch too; ``None``: a
         watchdog thread watches stdin instead (unless it is a terminal).
     """
+    idle_timeout = idle_timeout_from_environment()
     listener, announced, owned, path = await _open_listener(address, home)
 
     def remove_socket() -> None:
@@ -492,9 +620,10 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
     if lifeline is None and not os.isatty(sys.stdin.fileno()):
         threading.Thread(target=_exit_when_orphaned, args=(remove_socket,), daemon=True,
                          name="anywool-orphan-watchdog").start()
-    worker = _Worker(str(announced))
     try:
         async with anyio.create_task_group() as main_tg:
+            worker = _Worker(str(announced), NestedProxies(main_tg, idle_timeout, str(announced)),
+                             max_concurrency)
             main_tg.start_soon(worker.watch_stdin)
             if lifeline is not None:
                 main_tg.start_soon(worker.watch_parent, lifeline.parent)
@@ -510,6 +639,9 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
                 await worker.stop.drain()
                 accepting.cancel()
                 await worker.cancel_calls(_REPLY_TIMEOUT)
+                # Before the connections: a proxy connected to this worker hangs up itself.
+                with anyio.move_on_after(_LINGER):
+                    await worker.nested.close()
                 # Half-close, so that clients end their streams themselves: a receive that is
                 # cancelled rather than ended can make asyncio report InvalidStateError.
                 await worker.close_connections(_LINGER)
@@ -550,6 +682,17 @@ def _start_lifeline(address: Address | None, home: Path | None) -> _lifeline.Lif
         raise SystemExit(_ORPHANED_EXIT_CODE) from None
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_CONCURRENCY:
+        raise argparse.ArgumentTypeError(
+            f"must be an int from 1 to {MAX_CONCURRENCY}, got {text!r}")
+    return value
+
+
 def _bind_address(text: str) -> Address:
     try:
         return Address.parse(text, bind=True)
@@ -569,6 +712,10 @@ def main(argv: list[str] | None = None) -> None:
         "--home", default=None, type=Path,
         help="the directory to create for the socket (default: a fresh one in the runtime dir)"
     )
+    parser.add_argument(
+        "--max-concurrency", default=None, type=_positive_int, metavar="N",
+        help="run at most N calls at once, refusing more before they run (default: no bound)"
+    )
     options = parser.parse_args(argv)
     _apply_parent_environment()
     logging.basicConfig(level=logging.WARNING, format="anywool.worker[%(process)d] %(message)s")
@@ -577,7 +724,8 @@ def main(argv: list[str] | None = None) -> None:
     # Before any thread, event loop or listener exists: the sidecar is forked from us as we are.
     lifeline = _start_lifeline(options.address, options.home)
     try:
-        anyio.run(functools.partial(serve, options.address, options.home, lifeline=lifeline),
+        anyio.run(functools.partial(serve, options.address, options.home,
+                                    max_concurrency=options.max_concurrency, lifeline=lifeline),
                   backend=options.backend)
     finally:
         if lifeline is not None:

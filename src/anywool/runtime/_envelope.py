@@ -1,0 +1,158 @@
+"""What call and step frames carry besides their pickles: the call's header, the caller's
+deadline, context-variable values, and what comes back with each reply.
+
+Frame payloads by kind (msgpack arrays, so that a worker reads a call's header, and names its
+routine in errors, without unpickling anything):
+
+* ``CALL``: ``[call, name, timeout, caller, origin_key, origin, context]``. ``call`` is the
+  pickle of ``(routine, args, kwargs)``; ``name`` the routine's qualified name; ``timeout`` the
+  seconds left of the caller's deadline (``nil``: none); ``caller`` the id of the call this one
+  is made from (a routine calling a routine; ``nil`` at the top); ``origin_key`` and ``origin``
+  identify and rebuild the proxy of the pool the call tree started from (``nil``: none
+  travelled); ``context`` the pickled values of the caller's context variables (``nil``: none
+  set).
+* ``ASEND``, ``ATHROW``, ``ACLOSE``: ``[value, timeout, context]``, the same for one step of an
+  async generator (``value`` is the pickled value sent or exception thrown; empty for
+  ``ACLOSE``).
+* ``RESULT``, ``EXCEPTION``: ``[value, changes]``; ``END``: ``[changes]`` or empty. ``changes``
+  is the pickle of the context variables the routine (or step) changed, or ``nil``.
+* ``NACK``: empty when the worker is stopping, :data:`BUSY` when it is at its
+  ``max_concurrency``.
+
+Every decoder checks its kind's shape and raises :class:`~anywool.runtime._wire.FrameError`, so
+a malformed payload fails its call, never the connection. No pickle is loaded here, no I/O done.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, cast
+
+import msgpack
+
+from anywool.runtime._wire import FrameError
+
+#: ``(key, pickled proxy)``: the pool a call tree started from (see :mod:`._nested`).
+Origin = tuple[bytes, bytes]
+
+#: The payload of a ``NACK`` from a worker at its ``max_concurrency``.
+BUSY = b"busy"
+
+_ORIGIN_KEY_SIZE = 16
+_U64 = 1 << 64
+
+
+def _unpack(payload: bytes, length: int, what: str) -> list[Any]:
+    try:
+        fields = msgpack.unpackb(
+            payload, raw=False, max_bin_len=len(payload), max_str_len=len(payload),
+            max_array_len=length, max_map_len=0, max_ext_len=0)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise FrameError(f"undecodable {what} ({exc})") from None
+    if not isinstance(fields, list) or len(fields) != length:
+        raise FrameError(f"a {what} must be an array of {length} fields")
+    return fields
+
+
+def _pack(fields: list[Any]) -> bytes:
+    return cast(bytes, msgpack.packb(fields, use_bin_type=True))
+
+
+def _optional_bytes(value: object, field: str) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    raise FrameError(f"{field} must be bytes or nil, got {type(value).__name__}")
+
+
+def _timeout(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or math.isnan(value) or value < 0:
+        raise FrameError(f"a deadline must be seconds >= 0 or nil, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class CallRequest:
+    """The content of a ``CALL`` frame (see the module docstring)."""
+
+    call: bytes
+    name: str
+    timeout: float | None = None
+    caller: int | None = None
+    origin: Origin | None = None
+    context: bytes | None = None
+
+
+def encode_call(request: CallRequest) -> bytes:
+    key, blob = request.origin if request.origin is not None else (None, None)
+    return _pack([request.call, request.name, request.timeout, request.caller, key, blob,
+                  request.context])
+
+
+def decode_call(payload: bytes) -> CallRequest:
+    """:raises FrameError: the payload is not a call's header."""
+    call, name, timeout, caller, key, blob, context = _unpack(payload, 7, "call")
+    if not isinstance(call, bytes):
+        raise FrameError("a call's routine and arguments must be bytes")
+    if not isinstance(name, str):
+        raise FrameError("a call's routine name must be a str")
+    if caller is not None and (isinstance(caller, bool) or not isinstance(caller, int)
+                               or not 0 <= caller < _U64):
+        raise FrameError(f"a caller's call id must be an unsigned 64-bit int, got {caller!r}")
+    key = _optional_bytes(key, "an origin key")
+    blob = _optional_bytes(blob, "an origin")
+    if (key is None) != (blob is None) or (key is not None and len(key) != _ORIGIN_KEY_SIZE):
+        raise FrameError("a call's origin must be a 16-byte key and a pickle, or neither")
+    origin = None if key is None or blob is None else (key, blob)
+    return CallRequest(call, name, _timeout(timeout), caller, origin,
+                       _optional_bytes(context, "a call's context"))
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """The content of an ``ASEND``, ``ATHROW`` or ``ACLOSE`` frame."""
+
+    value: bytes
+    timeout: float | None = None
+    context: bytes | None = None
+
+
+def encode_step(step: Step) -> bytes:
+    return _pack([step.value, step.timeout, step.context])
+
+
+def decode_step(payload: bytes) -> Step:
+    """:raises FrameError: the payload is not a step."""
+    value, timeout, context = _unpack(payload, 3, "step")
+    if not isinstance(value, bytes):
+        raise FrameError("a step's value must be bytes")
+    return Step(value, _timeout(timeout), _optional_bytes(context, "a step's context"))
+
+
+def encode_reply(value: bytes, changes: bytes | None = None) -> bytes:
+    """The payload of a ``RESULT`` or ``EXCEPTION``."""
+    return _pack([value, changes])
+
+
+def decode_reply(payload: bytes) -> tuple[bytes, bytes | None]:
+    """:raises FrameError: the payload is not a reply."""
+    value, changes = _unpack(payload, 2, "reply")
+    if not isinstance(value, bytes):
+        raise FrameError("a reply's value must be bytes")
+    return value, _optional_bytes(changes, "a reply's context")
+
+
+def encode_end(changes: bytes | None = None) -> bytes:
+    """The payload of an ``END``."""
+    return b"" if changes is None else _pack([changes])
+
+
+def decode_end(payload: bytes) -> bytes | None:
+    """:raises FrameError: the payload is not an end."""
+    if not payload:
+        return None
+    [changes] = _unpack(payload, 1, "end")
+    return _optional_bytes(changes, "an end's context")

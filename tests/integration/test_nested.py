@@ -1,0 +1,164 @@
+"""Nested routines: routines calling routines on their workers, through the originating pool."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import anyio
+import pytest
+
+import anywool
+from anywool import WorkerPool, routine
+from anywool.lowlevel import WorkerConnection, discovery_stats
+
+from ..helpers import Signal
+
+pytestmark = pytest.mark.anyio
+
+
+@routine
+async def descend(depth: int) -> list[tuple[int, int, int | None]]:
+    """``(pid, call id, caller id)`` of every level, from this one down."""
+    task = anywool.current_task()
+    here = (os.getpid(), task.id, task.caller_id)
+    if depth == 1:
+        return [here]
+    return [here, *await descend(depth - 1)]
+
+
+@routine
+async def pid_of_worker() -> int:
+    return os.getpid()
+
+
+@routine
+async def fan_out(count: int) -> tuple[int, list[int]]:
+    """This worker's pid, and the pids of the workers ``count`` concurrent nested calls ran on."""
+    pids: list[int] = []
+
+    async def one() -> None:
+        pids.append(await pid_of_worker())
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(count):
+            tg.start_soon(one)
+    return os.getpid(), pids
+
+
+@routine
+async def deep_hold(depth: int, port: int, directory: str) -> None:
+    """Calls itself ``depth`` levels down; the deepest tells the test it runs and waits to be
+    cancelled. Each level writes ``finally-<depth>`` from its ``finally``."""
+    try:
+        if depth == 1:
+            async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+                await stream.send(b"started")
+            await anyio.sleep_forever()
+        await deep_hold(depth - 1, port, directory)
+    finally:
+        Path(directory, f"finally-{depth}").write_text(str(os.getpid()))
+
+
+@routine
+async def seconds_left() -> float:
+    return anyio.current_effective_deadline() - anyio.current_time()
+
+
+@routine
+async def seconds_left_here_and_below() -> tuple[float, float]:
+    here = anyio.current_effective_deadline() - anyio.current_time()
+    return here, await seconds_left()
+
+
+@routine
+async def countdown(n: int):
+    while n:
+        yield n
+        n -= 1
+
+
+@routine
+async def streams_below(n: int) -> list[int]:
+    return [item async for item in countdown(n)]
+
+
+@routine
+async def attached_subscriptions() -> int:
+    """How many discovery iterations this worker's process follows now."""
+    return sum(source.consumers for source in discovery_stats())
+
+
+async def test_a_routine_calls_routines_three_levels_deep() -> None:
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=2):
+            levels = await descend(3)
+    assert len(levels) == 3
+    assert levels[0][2] is None  # the top call was made outside any routine
+    for upper, lower in zip(levels, levels[1:]):
+        assert lower[2] == upper[1]  # each level knows the call it was made from
+
+
+async def test_sixteen_nested_calls_spread_over_both_workers() -> None:
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=2) as pool:
+            here, pids = await fan_out(16)
+            workers = {worker.pid for worker in pool.workers}
+    assert len(pids) == 16 and set(pids) <= workers
+    assert set(pids) == workers  # not all on the worker the fan-out runs on
+    assert here in workers
+
+
+async def test_a_nested_async_generator_streams_its_items() -> None:
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=2):
+            assert await streams_below(3) == [3, 2, 1]
+
+
+async def test_cancelling_the_outermost_call_cancels_the_whole_tree(tmp_path: Path) -> None:
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=2), Signal() as started:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(deep_hold, 3, started.port, str(tmp_path))
+                await started.started()
+                tg.cancel_scope.cancel()
+            # The cancellation was acknowledged level by level: every finally has run.
+            assert sorted(p.name for p in tmp_path.iterdir()) == [
+                "finally-1", "finally-2", "finally-3"]
+
+
+async def test_nested_calls_inherit_what_remains_of_the_deadline() -> None:
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=1):
+            with anyio.move_on_after(5):
+                here, below = await seconds_left_here_and_below()
+    assert 0 < below <= here <= 5
+
+
+async def test_a_workers_nested_proxy_is_closed_after_disuse(monkeypatch) -> None:
+    monkeypatch.setenv("ANYWOOL_PROXY_IDLE_TIMEOUT", "0.5")
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=1):
+            assert await attached_subscriptions() == 0  # a plain call opens no proxy
+            assert len(await descend(2)) == 2
+            assert await attached_subscriptions() == 1  # the proxy follows the namespace
+            # The proxy's subscription ends once it has gone unused for the idle timeout. (This
+            # polls the worker: nothing there could be waited on from here.)
+            with anyio.move_on_after(20):
+                while await attached_subscriptions():
+                    await anyio.sleep(0.05)
+            assert await attached_subscriptions() == 0
+            assert len(await descend(2)) == 2  # and a later nested call opens it again
+            assert await attached_subscriptions() == 1
+
+
+async def test_a_routine_called_without_a_pool_cannot_call_routines_and_says_why() -> None:
+    # A bare connection carries no proxy: there is nothing for nested calls to go through.
+    with anyio.fail_after(30):
+        async with anywool.LocalWorker() as worker, WorkerConnection(
+            worker.metadata.address
+        ) as connection:
+            with pytest.raises(RuntimeError, match="carried no pool"):
+                await connection.call(descend.__wrapped__, (2,), {})
+            assert await connection.call(pid_of_worker.__wrapped__, (), {}) == worker.pid
+

@@ -1,0 +1,182 @@
+"""A worker under bad clients, many clients and its own death: only what failed fails."""
+
+from __future__ import annotations
+
+import os
+import signal
+import struct
+from pathlib import Path
+
+import anyio
+import psutil
+import pytest
+
+from anywool import LocalWorker, WorkerError, WorkerPool, routine
+from anywool.lowlevel import WorkerConnection
+from anywool.runtime._wire import DEFAULT_MAX_FRAME_SIZE, Frame, FrameError, FrameStream, Kind
+
+from ..helpers import Signal, call_payload, exception_of, step_payload, wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+@routine
+async def double(x: int) -> int:
+    return 2 * x
+
+
+@routine
+async def held(port: int, path: str) -> int:
+    """Tells the test it runs, then waits to be cancelled; its ``finally`` writes ``path``."""
+    try:
+        async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+            await stream.send(str(os.getpid()).encode())
+        await anyio.sleep_forever()
+    finally:
+        Path(path).write_text("finally ran")
+    return 0
+
+
+@routine
+async def held_stream(port: int, path: str):
+    try:
+        async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+            await stream.send(str(os.getpid()).encode())
+        yield 1
+        await anyio.sleep_forever()
+        yield 2
+    finally:
+        Path(path).write_text("finally ran")
+
+
+async def _until_closed(stream: anyio.abc.ByteStream) -> None:
+    """Read (and drop) what the worker sends until it closes the connection."""
+    try:
+        while True:
+            await stream.receive()
+    except (anyio.EndOfStream, anyio.BrokenResourceError):
+        pass
+
+
+def _header(length: int) -> bytes:
+    return struct.pack(">I", length)
+
+
+@pytest.mark.parametrize("sent", [
+    pytest.param(_header(DEFAULT_MAX_FRAME_SIZE + 1), id="oversized"),
+    pytest.param(_header(100) + b"\x93\x01", id="truncated-body"),
+    pytest.param(b"\x00\x00", id="truncated-header"),
+    pytest.param(_header(3) + b"\xc1\xc1\xc1", id="garbled"),
+    pytest.param(_header(4) + b"\x93\x63\x01\xc0", id="unknown-kind"),
+])
+async def test_a_bad_frame_closes_that_connection_only(sent: bytes, tmp_path: Path) -> None:
+    marker = tmp_path / "finally"
+    with anyio.fail_after(30):
+        async with LocalWorker() as worker, Signal() as started, \
+                WorkerConnection(worker.address) as good:
+            bad = await anyio.connect_unix(worker.address.removeprefix("unix:"))
+            async with bad:
+                # A call of the bad connection is running when it misbehaves: it is cancelled
+                # with its connection (its finally runs).
+                frames = FrameStream(bad, bad)
+                await frames.send(Frame(Kind.CALL, 1, call_payload(
+                    held.__wrapped__, (started.port, str(marker)))))
+                await started.started()
+                await bad.send(sent)
+                await bad.send_eof()
+                await _until_closed(bad)  # the worker closed it
+            await wait_until(marker.exists, "the bad connection's call to be cancelled")
+            # The connection that was open all along is served as before.
+            assert await good.call(double.__wrapped__, (21,), {}) == 42
+
+
+async def test_a_malformed_call_header_fails_that_call_only() -> None:
+    with anyio.fail_after(30):
+        async with LocalWorker() as worker:
+            stream = await anyio.connect_unix(worker.address.removeprefix("unix:"))
+            async with stream:
+                frames = FrameStream(stream, stream)
+                await frames.send(Frame(Kind.CALL, 1, b"\x92\x01\x02"))  # not a call's header
+                reply = await frames.receive()
+                assert reply.kind == Kind.EXCEPTION and reply.call_id == 1
+                assert isinstance(exception_of(reply.payload), FrameError)
+                await frames.send(Frame(Kind.CALL, 2, call_payload(double.__wrapped__, (2,))))
+                assert [(await frames.receive()).kind for _ in range(3)] == [
+                    Kind.ACK, Kind.RESULT, Kind.END]
+
+
+async def test_five_hundred_connections_at_once_do_not_stop_the_worker() -> None:
+    with anyio.fail_after(60):
+        async with LocalWorker() as worker, WorkerConnection(worker.address) as good:
+            process = psutil.Process(worker.pid)
+            before = process.num_fds()
+            path = worker.address.removeprefix("unix:")
+            streams: list[anyio.abc.ByteStream] = []
+
+            async def connect(index: int) -> None:
+                stream = await anyio.connect_unix(path)
+                streams.append(stream)
+                if index % 2:
+                    await stream.send(_header(64))  # a frame that never comes: a slow client
+
+            async with anyio.create_task_group() as tg:
+                for index in range(500):
+                    tg.start_soon(connect, index)
+            assert await good.call(double.__wrapped__, (4,), {}) == 8
+            await wait_until(lambda: process.num_fds() >= before + 500,
+                             "the worker to accept the 500 connections")
+            assert await good.call(double.__wrapped__, (4,), {}) == 8  # holding them all
+            async with WorkerConnection(worker.address) as late:  # a new one is accepted too
+                assert await late.call(double.__wrapped__, (5,), {}) == 10
+            for stream in streams:
+                await stream.aclose()
+            # Every one of them is let go (give or take what an event loop opens lazily).
+            await wait_until(lambda: process.num_fds() < before + 10,
+                             "the worker to close the 500 connections")
+            assert await good.call(double.__wrapped__, (6,), {}) == 12
+
+
+@pytest.mark.parametrize("kind", ["coroutine", "generator"])
+async def test_a_client_that_disconnects_mid_call_cancels_its_calls(kind: str,
+                                                                    tmp_path: Path) -> None:
+    marker = tmp_path / "finally"
+    fn = held.__wrapped__ if kind == "coroutine" else held_stream.__wrapped__
+    with anyio.fail_after(30):
+        async with LocalWorker() as worker, Signal() as started:
+            stream = await anyio.connect_unix(worker.address.removeprefix("unix:"))
+            async with stream:
+                frames = FrameStream(stream, stream)
+                await frames.send(Frame(Kind.CALL, 1, call_payload(
+                    fn, (started.port, str(marker)))))
+                if kind == "generator":
+                    assert (await frames.receive()).kind == Kind.ACK
+                    await frames.send(Frame(Kind.ASEND, 1, step_payload()))
+                await started.started()
+            # Gone without a word: the worker cancels what it was running for it.
+            await wait_until(marker.exists, "the routine's finally on the worker")
+            async with WorkerConnection(worker.address) as connection:
+                assert await connection.call(double.__wrapped__, (1,), {}) == 2
+
+
+async def test_a_worker_that_dies_mid_call_fails_that_call_and_is_evicted(
+        tmp_path: Path) -> None:
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=2) as pool:
+            async with Signal() as started, anyio.create_task_group() as tg:
+                failures: list[BaseException] = []
+
+                async def doomed() -> None:
+                    try:
+                        await held(started.port, str(tmp_path / "never"))
+                    except WorkerError as exc:
+                        failures.append(exc)
+
+                tg.start_soon(doomed)
+                victim = int(await started.started())
+                dead = next(w.metadata for w in pool.workers if w.pid == victim)
+                os.kill(victim, signal.SIGKILL)
+            assert len(failures) == 1 and failures[0].address == dead.address  # typed, named
+            # At once out of the proxy's choice: the next calls all go elsewhere and succeed.
+            assert dead.uid not in {m.uid for m in pool.proxy.workers}
+            assert [await double(i) for i in range(20)] == [2 * i for i in range(20)]
+            assert not (tmp_path / "never").exists()
