@@ -40,6 +40,7 @@ from anywool.runtime._wire import (
     FrameStream,
     Kind,
     payload_limit,
+    shut_down,
 )
 
 log = logging.getLogger(__name__)
@@ -164,19 +165,31 @@ class WorkerConnection(SingleUse):
             await exit_task_group(task_group)
 
     async def _close_stream(self) -> None:
-        """End the stream so that the reader ends by itself (see :meth:`_read`): half-close,
-        let the worker answer with end-of-stream, then close (bounded)."""
-        stream = self._stream
-        if stream is None:
+        """End the stream so that the reader ends by itself (see :meth:`_read`) and no send is
+        pending when it is closed (bounded).
+
+        Half-close once the frame being written, if any, is written whole (a caller's send is
+        shielded and may outlive this exit), also when the reader is done already; let the
+        worker answer with end-of-stream; then close. If the worker reads or answers nothing
+        in time, shut the socket down first, so that the pending receive and send end by the
+        socket turning ready: closing under them can make asyncio report ``InvalidStateError``
+        (or ``EBADF``) through the loop.
+        """
+        stream, frames, reader_done = self._stream, self._frames, self._reader_done
+        if stream is None or frames is None or reader_done is None:
             return
-        if self._reader_done is not None and not self._reader_done.is_set():
+        with anyio.move_on_after(_CLOSE_TIMEOUT):
+            try:
+                await frames.send_eof()  # once the frame being written, if any, is written
+            except PEER_GONE:
+                pass
+            else:
+                await reader_done.wait()
+        if not reader_done.is_set() or frames.writing:
+            shut_down(stream)
             with anyio.move_on_after(_CLOSE_TIMEOUT):
-                try:
-                    await stream.send_eof()
-                except PEER_GONE:
-                    pass
-                else:
-                    await self._reader_done.wait()
+                await reader_done.wait()
+                await frames.wait_written()
         with anyio.move_on_after(_CLOSE_TIMEOUT):
             await stream.aclose()
 

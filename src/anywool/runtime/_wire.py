@@ -26,13 +26,14 @@ This module does framing only; it knows nothing of routines or pickles.
 from __future__ import annotations
 
 import enum
+import socket
 import struct
 from dataclasses import dataclass
 from typing import cast
 
 import anyio
 import msgpack
-from anyio.abc import ByteReceiveStream, ByteSendStream
+from anyio.abc import ByteReceiveStream, ByteSendStream, ByteStream, SocketAttribute
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from anywool.errors import WoolError
@@ -177,6 +178,42 @@ class FrameStream:
                 raise anyio.BrokenResourceError(
                     f"the peer read nothing for {self.send_timeout} s; the stream was closed")
 
+    @property
+    def stream(self) -> ByteSendStream:
+        """The stream frames are written to."""
+        return self._send_stream
+
+    @property
+    def writing(self) -> bool:
+        """Whether a frame is being written (or a half-close waits to be made)."""
+        return self._send_lock.locked()
+
+    async def wait_written(self) -> None:
+        """Wait until no frame is being written."""
+        async with self._send_lock:
+            pass
+
+    async def send_eof(self) -> None:
+        """Half-close the send side once the frame being written, if any, is written whole.
+
+        No write is ever pending when the stream is half-closed (anyio refuses a half-close
+        under a write with ``BusyResourceError``), and every later send fails at once
+        (``BrokenResourceError``) instead of waiting to write: so after it the stream can be
+        closed with no write pending on it.
+
+        :raises anyio.BrokenResourceError: the peer is gone.
+        :raises anyio.ClosedResourceError: the stream was closed locally.
+        :raises OSError: the OS reported the failure unwrapped (e.g. ``ENOTCONN``).
+
+        Cancellation: only the wait for the frame being written is cancellable; nothing is
+        done then.
+        """
+        stream = self._send_stream
+        if not isinstance(stream, ByteStream):
+            raise TypeError(f"cannot half-close {stream!r}: not a ByteStream")
+        async with self._send_lock:
+            await stream.send_eof()
+
     async def receive(self) -> Frame:
         """Read the next frame.
 
@@ -203,3 +240,21 @@ class FrameStream:
                 f"the stream ended inside a frame body ({length} bytes announced)"
             ) from None
         return decode_body(body)
+
+
+def shut_down(stream: object) -> None:
+    """Shut a socket stream down both ways (``SHUT_RDWR``) without closing it.
+
+    Its pending receive then ends with end-of-stream and its pending send with a broken pipe,
+    each woken by the socket turning ready, as any receive or send is. Closing the stream under
+    them instead resolves their waits itself: under asyncio, anyio then reports
+    ``InvalidStateError`` when the socket turned ready in the same loop iteration, and
+    ``EBADF`` when a receive and a send were both pending. Not a socket: nothing to do.
+    """
+    extra = getattr(stream, "extra", None)
+    sock = None if extra is None else extra(SocketAttribute.raw_socket, None)
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # not connected any more: nothing is pending on it

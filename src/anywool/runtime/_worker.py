@@ -64,7 +64,14 @@ from anywool.runtime import _lifeline, _socket_dir
 from anywool.runtime._nested import NestedProxies, idle_timeout_from_environment
 from anywool.runtime._peer import PEER_GONE, PEER_HUNG_UP
 from anywool.runtime._routine import RoutineTask, routine_body, set_active, set_running
-from anywool.runtime._wire import Frame, FrameError, FrameStream, Kind, payload_limit
+from anywool.runtime._wire import (
+    Frame,
+    FrameError,
+    FrameStream,
+    Kind,
+    payload_limit,
+    shut_down,
+)
 
 log = logging.getLogger("anywool.worker")
 
@@ -160,7 +167,7 @@ class _Worker:
         self.nested = nested
         self.max_concurrency = max_concurrency
         self.stop = _Stop()
-        self.connections: set[ByteStream] = set()
+        self.connections: set[FrameStream] = set()
         self.calls: set[_ServerCall] = set()
         self._connections_changed = anyio.Event()
         # Connections refused a call as busy, each with its task group: they get a ROOM frame
@@ -176,16 +183,25 @@ class _Worker:
         A client reads end-of-stream, so calls it sent that were never acknowledged fail as
         "not delivered" (safe to retry elsewhere); meanwhile this side keeps reading, so it
         never closes with unread data, which would reset the stream and could destroy replies
-        the client has not read yet.
+        the client has not read yet. Each half-close waits for the reply being written on its
+        connection, if any (a half-close under a write raises ``BusyResourceError``). The
+        connections still open after ``linger`` are shut down, so that their handlers' pending
+        receives end with end-of-stream rather than by cancellation.
         """
-        for stream in list(self.connections):
-            try:
-                await stream.send_eof()
-            except PEER_GONE:
-                pass
         with anyio.move_on_after(linger):
-            while self.connections:
-                await self._connections_changed.wait()
+            async with anyio.create_task_group() as tg:
+                for frames in list(self.connections):
+                    tg.start_soon(_half_close, frames)
+            await self._until_no_connection()
+        if self.connections:
+            for frames in list(self.connections):
+                shut_down(frames.stream)
+            with anyio.move_on_after(_REPLY_TIMEOUT):
+                await self._until_no_connection()
+
+    async def _until_no_connection(self) -> None:
+        while self.connections:
+            await self._connections_changed.wait()
 
     async def cancel_calls(self, timeout: float) -> None:
         """Cancel every call still running; wait up to ``timeout`` seconds for them to answer
@@ -195,16 +211,16 @@ class _Worker:
         await self.stop.drain_for(timeout)
 
     async def handle(self, stream: ByteStream) -> None:
-        self.connections.add(stream)
+        frames = FrameStream(stream, stream)
+        self.connections.add(frames)
         try:
-            await self._handle(stream)
+            await self._handle(stream, frames)
         finally:
-            self.connections.discard(stream)
+            self.connections.discard(frames)
             self._connections_changed.set()
             self._connections_changed = anyio.Event()
 
-    async def _handle(self, stream: ByteStream) -> None:
-        frames = FrameStream(stream, stream)
+    async def _handle(self, stream: ByteStream, frames: FrameStream) -> None:
         calls: dict[int, _ServerCall] = {}
         async with stream, anyio.create_task_group() as tg:
             try:
@@ -577,6 +593,13 @@ def _exit_when_orphaned(cleanup: Callable[[], None]) -> None:
         os._exit(_ORPHANED_EXIT_CODE)
 
 
+async def _half_close(frames: FrameStream) -> None:
+    try:
+        await frames.send_eof()
+    except PEER_GONE:
+        pass  # the client is gone already
+
+
 async def _refuse(frames: FrameStream, call_id: int) -> None:
     try:
         await frames.send(Frame(Kind.NACK, call_id))
@@ -591,11 +614,15 @@ async def _send_room(frames: FrameStream) -> None:
         pass
 
 
-async def _accept(scope: anyio.CancelScope, listener: Listener[Any],
-                  handler: Callable[[Any], Awaitable[None]], handlers: TaskGroup) -> None:
-    # Handlers run in ``handlers``, so cancelling ``scope`` stops accepting, nothing else.
-    with scope:
+async def _accept(listener: Listener[Any], handler: Callable[[Any], Awaitable[None]],
+                  handlers: TaskGroup) -> None:
+    # Handlers run in ``handlers``. Closing the listener stops accepting, nothing else: under
+    # asyncio, anyio's close deregisters the pending accept before waking it, whereas cancelling
+    # it can make the loop report InvalidStateError if a client connects in that iteration.
+    try:
         await listener.serve(handler, task_group=handlers)
+    except anyio.ClosedResourceError:
+        pass
 
 
 async def serve(address: Address | None = None, home: Path | None = None, *,
@@ -629,15 +656,15 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
                 main_tg.start_soon(worker.watch_parent, lifeline.parent)
             main_tg.start_soon(worker.watch_signals)
             async with anyio.create_task_group() as serving:
-                accepting = anyio.CancelScope()
-                serving.start_soon(_accept, accepting, listener, worker.handle, serving)
+                serving.start_soon(_accept, listener, worker.handle, serving)
                 sys.stdout.write(f"{announced}\n")
                 sys.stdout.flush()
                 os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # later output → stderr
                 await worker.stop.requested.wait()
                 worker.stop.draining = True
                 await worker.stop.drain()
-                accepting.cancel()
+                with anyio.CancelScope(shield=True):
+                    await listener.aclose()  # stop accepting
                 await worker.cancel_calls(_REPLY_TIMEOUT)
                 # Before the connections: a proxy connected to this worker hangs up itself.
                 with anyio.move_on_after(_LINGER):
