@@ -162,3 +162,47 @@ async def test_a_routine_called_without_a_pool_cannot_call_routines_and_says_why
                 await connection.call(descend.__wrapped__, (2,), {})
             assert await connection.call(pid_of_worker.__wrapped__, (), {}) == worker.pid
 
+
+
+@routine
+async def mark_levels(depth: int, directory: str) -> None:
+    """Each level writes ``started-<depth>`` first and ``finally-<depth>`` from its finally."""
+    Path(directory, f"started-{depth}").touch()
+    try:
+        if depth > 1:
+            await mark_levels(depth - 1, directory)
+        else:
+            await anyio.sleep_forever()
+    finally:
+        Path(directory, f"finally-{depth}").touch()
+
+
+async def test_a_call_cancelled_before_it_is_sent_ends_at_once() -> None:
+    # Nothing was written, so nothing waits for the worker to confirm a cancellation (here up
+    # to the 60 s cancel_timeout).
+    with anyio.fail_after(30):
+        async with anywool.LocalWorker() as worker, WorkerConnection(
+            worker.address, cancel_timeout=60
+        ) as connection:
+            for scope in (anyio.move_on_after(0), anyio.move_on_after(-1)):
+                with scope:
+                    await connection.call(pid_of_worker.__wrapped__, (), {})
+                assert scope.cancelled_caught
+            assert await connection.call(pid_of_worker.__wrapped__, (), {}) == worker.pid
+
+
+async def test_a_tree_cancelled_at_any_moment_has_run_every_started_finally(
+        tmp_path: Path) -> None:
+    # Cancelled at a spread of moments: before the first call is sent, while levels start, once
+    # all run. Whatever had started has unwound when the cancellation reaches the caller.
+    with anyio.fail_after(120):
+        async with WorkerPool(spawn=2):
+            for step in range(12):
+                directory = tmp_path / str(step)
+                directory.mkdir()
+                with anyio.move_on_after(step * 0.01):  # the moments of the cancellation
+                    await mark_levels(3, str(directory))
+                names = {p.name for p in directory.iterdir()}
+                started = {n.split("-")[1] for n in names if n.startswith("started-")}
+                unwound = {n.split("-")[1] for n in names if n.startswith("finally-")}
+                assert started == unwound, (step, sorted(names))

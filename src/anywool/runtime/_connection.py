@@ -314,6 +314,11 @@ class WorkerConnection(SingleUse):
             except PEER_GONE as exc:
                 self._fail(f"connection failed: {exc!r}")
                 raise CallNotDelivered(self.address, f"could not send the call: {exc!r}") from exc
+            except anyio.get_cancelled_exc_class():
+                # Cancelled waiting for its turn to write: nothing was written (a frame, once
+                # started, is written whole), so the worker has nothing to cancel.
+                call.finished = True
+                raise
             try:
                 first = await call.next_frame()
             except WorkerError as exc:

@@ -162,9 +162,10 @@ class FrameStream:
         :raises anyio.BrokenResourceError: the peer is gone.
         :raises anyio.ClosedResourceError: the stream was closed locally.
 
-        Cancellation: waiting for the send lock is cancellable; once writing starts the frame is
-        written whole (shielded, for at most ``send_timeout`` seconds, after which the stream is
-        closed and ``BrokenResourceError`` raised), so a cancelled sender never corrupts it.
+        Cancellation: waiting for the send lock is cancellable, and a cancellation raised here
+        means that nothing was written; once writing starts the frame is written whole
+        (shielded, for at most ``send_timeout`` seconds, after which the stream is closed and
+        ``BrokenResourceError`` raised), so a cancelled sender never corrupts it.
         """
         data = encode(frame, self._max)
         async with self._send_lock:
