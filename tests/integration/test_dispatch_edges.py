@@ -525,3 +525,46 @@ async def test_values_that_cannot_cross_fail_typed_on_the_side_that_fails() -> N
                 await agen.asend(threading.Lock())
             await agen.aclose()
             assert await double(8) == 16  # the same worker and connection go on
+
+
+BIG = anywool.ContextVar("tests.integration.dispatch_edges.big", default=b"")
+
+
+@routine
+async def sets_big_then_ends(size: int):
+    yield 1
+    BIG.set(b"c" * size)
+
+
+@routine
+async def sets_big_then_raises(size: int) -> None:
+    BIG.set(b"c" * size)
+    raise KeyError("small")
+
+
+@routine
+async def takes_a_step():
+    while True:
+        yield (yield)
+
+
+async def test_replies_and_steps_too_large_for_a_frame_fail_that_call_only() -> None:
+    size = 65 * 1024 * 1024
+    with anyio.fail_after(120):
+        async with WorkerPool(spawn=1):
+            # A generator's end carrying context changes too large for a frame.
+            agen = sets_big_then_ends(size)
+            assert await agen.__anext__() == 1
+            with pytest.raises(PayloadTooLarge, match="context-variable values"):
+                await agen.__anext__()
+            assert BIG.get() == b""
+            # An exception carrying them keeps its type; the changes are dropped, with a note.
+            with pytest.raises(KeyError, match="small") as info:
+                await sets_big_then_raises(size)
+            assert any("do not fit one frame" in note for note in info.value.__notes__)
+            # A value sent into a generator that is too large for a frame: refused here.
+            agen = takes_a_step()
+            await agen.__anext__()
+            with pytest.raises(PayloadTooLarge, match="takes_a_step"):
+                await agen.asend(b"s" * size)
+            assert await double(2) == 4  # the worker survived every one

@@ -500,8 +500,12 @@ class _Call:
             generator is exhausted or closed.
         :raises Exception: what the remote generator raised.
         """
-        await self.send(kind, envelope.encode_step(
-            Step(value, _seconds_left(), _dump_context(self.name))))
+        payload = envelope.encode_step(Step(value, _seconds_left(), _dump_context(self.name)))
+        limit = payload_limit(self.connection._max_frame_size)
+        if len(payload) > limit:
+            raise PayloadTooLarge(f"a step of {self.name} (the value sent, or the context "
+                                  "variables)", len(payload), limit)
+        await self.send(kind, payload)
         frame = await self.next_frame()
         if frame.kind == Kind.RESULT:
             return False, self.value(frame)

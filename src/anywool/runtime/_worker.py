@@ -305,6 +305,13 @@ class _Worker:
             with anyio.CancelScope(shield=True), anyio.move_on_after(_REPLY_TIMEOUT):
                 await self._reply_cancelled(frames, call)
             raise
+        except Exception as exc:  # a reply that could not be made: only this call fails
+            log.exception("call %s (%s) failed while replying", call.id, call.name)
+            try:
+                await self._reply_exception(frames, call, RuntimeError(
+                    f"worker {self.address} failed to reply for {call.name}: {exc!r}"))
+            except (*PEER_GONE, FrameError):
+                pass
         finally:
             calls.pop(call.id, None)
             self.calls.discard(call)
@@ -470,18 +477,20 @@ class _Worker:
     async def _reply_value(self, frames: FrameStream, call: _ServerCall, value: object,
                            what: str, before: dict[str, Any] | None) -> bool:
         try:
-            payload = envelope.encode_reply(
-                serializer.dumps_value(value, call.name, what, self._on),
-                self._changes(call, before))
+            data = serializer.dumps_value(value, call.name, what, self._on)
+            changes = self._changes(call, before)
         except SerializationError as error:  # whatever a value's __reduce__ did
             await self._reply_exception(frames, call, error)
             return False
+        payload = envelope.encode_reply(data, changes)
         limit = payload_limit(frames.max_frame_size)
         if len(payload) <= limit:
             await frames.send(Frame(Kind.RESULT, call.id, payload))
             return True
-        await self._reply_exception(frames, call, PayloadTooLarge(
-            f"the value produced by {call.name}", len(payload), limit))
+        too_large = (f"the value produced by {call.name}"
+                     if len(envelope.encode_reply(data)) > limit
+                     else f"the context-variable values {call.name} set")
+        await self._reply_exception(frames, call, PayloadTooLarge(too_large, len(payload), limit))
         return False
 
     async def _reply_end(self, frames: FrameStream, call: _ServerCall,
@@ -491,27 +500,39 @@ class _Worker:
         except SerializationError as error:
             await self._reply_exception(frames, call, error)
             return
-        await frames.send(Frame(Kind.END, call.id, envelope.encode_end(changes)))
+        payload = envelope.encode_end(changes)
+        limit = payload_limit(frames.max_frame_size)
+        if len(payload) <= limit:
+            await frames.send(Frame(Kind.END, call.id, payload))
+            return
+        await self._reply_exception(frames, call, PayloadTooLarge(
+            f"the context-variable values {call.name} set", len(payload), limit))
 
     async def _reply_exception(self, frames: FrameStream, call: _ServerCall, exc: BaseException,
                                before: dict[str, Any] | None | _Untracked = _UNTRACKED
                                ) -> None:
         """Send ``exc`` as the call's end, with the context variables the routine changed
-        since ``before`` (when it ran at all: a call that failed before running has none)."""
+        since ``before`` (when it ran at all: a call that failed before running has none).
+
+        What does not fit one frame is dropped, the least first: the changes (a note on the
+        exception says so), then the exception itself (a ``RuntimeError`` naming it instead).
+        """
         changes = None
         if not isinstance(before, _Untracked):
             try:
                 changes = self._changes(call, before)
             except SerializationError as error:
                 exc.add_note(f"(its context-variable changes were lost: {error})")
-        payload = serializer.dumps_exception(exc)
-        try:
-            await frames.send(Frame(Kind.EXCEPTION, call.id,
-                                    envelope.encode_reply(payload, changes)))
-        except FrameError:
-            replacement = RuntimeError(f"{type(exc).__name__}: {str(exc)[:1000]} (too large to send)")
-            await frames.send(Frame(Kind.EXCEPTION, call.id, envelope.encode_reply(
-                serializer.dumps_exception(replacement))))
+        limit = payload_limit(frames.max_frame_size)
+        data = serializer.dumps_exception(exc)
+        if changes is not None and len(envelope.encode_reply(data, changes)) > limit:
+            exc.add_note(f"(its context-variable changes were lost: {len(changes)} bytes do "
+                         "not fit one frame)")
+            data, changes = serializer.dumps_exception(exc), None
+        if len(envelope.encode_reply(data)) > limit:
+            data = serializer.dumps_exception(RuntimeError(
+                f"{type(exc).__name__}: {str(exc)[:1000]} (too large to send)"))
+        await frames.send(Frame(Kind.EXCEPTION, call.id, envelope.encode_reply(data, changes)))
 
     async def _reply_cancelled(self, frames: FrameStream, call: _ServerCall) -> None:
         try:
