@@ -180,3 +180,27 @@ async def test_a_worker_that_dies_mid_call_fails_that_call_and_is_evicted(
             assert dead.uid not in {m.uid for m in pool.proxy.workers}
             assert [await double(i) for i in range(20)] == [2 * i for i in range(20)]
             assert not (tmp_path / "never").exists()
+
+
+async def test_a_worker_out_of_descriptors_waits_for_some_and_goes_on_serving() -> None:
+    with anyio.fail_after(60):
+        async with LocalWorker() as worker, WorkerConnection(worker.address) as good:
+            process = psutil.Process(worker.pid)
+            soft, hard = process.rlimit(psutil.RLIMIT_NOFILE)
+            limit = process.num_fds() + 2
+            process.rlimit(psutil.RLIMIT_NOFILE, (limit, hard))
+            path = worker.address.removeprefix("unix:")
+            waiting = [await anyio.connect_unix(path) for _ in range(6)]  # in the backlog
+            try:
+                await wait_until(lambda: process.num_fds() >= limit,
+                                 "the worker to run out of descriptors")
+                assert await good.call(double.__wrapped__, (3,), {}) == 6  # still serving
+                process.rlimit(psutil.RLIMIT_NOFILE, (soft, hard))
+                # With descriptors again, it accepts what waited, and new clients.
+                await wait_until(lambda: process.num_fds() >= limit + 4,
+                                 "the worker to accept the waiting clients")
+                async with WorkerConnection(worker.address) as late:
+                    assert await late.call(double.__wrapped__, (4,), {}) == 8
+            finally:
+                for stream in waiting:
+                    await stream.aclose()

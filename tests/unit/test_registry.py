@@ -272,6 +272,26 @@ def test_a_corrupt_registry_of_a_live_owner_is_reported_as_such(damage, runtime_
     assert os.listdir(runtime_dir) == []  # the owner's exit removes it all the same
 
 
+def test_running_out_of_descriptors_is_not_reported_as_a_corrupt_registry(
+        runtime_dir: Path, monkeypatch: pytest.MonkeyPatch):
+    claim = _claim.claim("busy", capacity=4, block_size=256)
+    try:
+        real_open = _binding.open_file
+
+        def exhausted(name: str, *args, **kwargs):
+            if name == "registry":
+                raise OSError(errno.EMFILE, "Too many open files")
+            return real_open(name, *args, **kwargs)
+
+        monkeypatch.setattr(_binding, "open_file", exhausted)
+        with pytest.raises(OSError) as info:
+            _binding.bind("busy")
+        assert info.value.errno == errno.EMFILE
+        assert not isinstance(info.value, DiscoveryRegistryCorrupt)
+    finally:
+        claim.release()
+
+
 @pytest.mark.parametrize("damage", ["truncate", "counter-exhausted"])
 def test_a_registry_damaged_under_a_binding_raises_typed_errors(damage, runtime_dir: Path):
     with _owned_and_bound("damaged", capacity=4, block_size=256) as (claim, binding, lease):

@@ -48,14 +48,15 @@ import sys
 import select
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import anyio
-from anyio.abc import ByteStream, Listener, TaskGroup
+from anyio.abc import ByteStream, SocketListener, TaskGroup
 
 from anywool._address import Address
+from anywool._errno import exhausted
 from anywool.errors import PayloadTooLarge, RoutineAborted, RoutineCancelled, SerializationError
 from anywool.runtime import _context
 from anywool.runtime import _envelope as envelope
@@ -85,6 +86,8 @@ _LINGER = 2.0
 # Once its parent is gone (stdin hung up), the seconds a worker has to stop by itself before it
 # exits regardless: a routine that shields itself or blocks the event loop cannot keep it alive.
 _ORPHAN_GRACE = 5.0
+# Seconds between tries to accept a connection while the process is out of descriptors.
+_ACCEPT_BACKOFF = 0.1
 #: The largest ``--max-concurrency``.
 MAX_CONCURRENCY = 1 << 20
 _ORPHANED_EXIT_CODE = 70
@@ -576,7 +579,7 @@ class _Worker:
 
 async def _open_listener(
     address: Address | None, home: Path | None
-) -> tuple[Listener[Any], Address, _socket_dir.Home | None, Path | None]:
+) -> tuple[SocketListener, Address, _socket_dir.Home | None, Path | None]:
     """(listener, announced address, the socket's locked home if any, a bare socket path)."""
     if address is None:
         owned = _socket_dir.Home(home or _socket_dir.choose())
@@ -635,15 +638,31 @@ async def _send_room(frames: FrameStream) -> None:
         pass
 
 
-async def _accept(listener: Listener[Any], handler: Callable[[Any], Awaitable[None]],
+async def _accept(listener: SocketListener,
+                  handler: Callable[[ByteStream], Coroutine[Any, Any, None]],
                   handlers: TaskGroup) -> None:
     # Handlers run in ``handlers``. Closing the listener stops accepting, nothing else: under
     # asyncio, anyio's close deregisters the pending accept before waking it, whereas cancelling
     # it can make the loop report InvalidStateError if a client connects in that iteration.
-    try:
-        await listener.serve(handler, task_group=handlers)
-    except anyio.ClosedResourceError:
-        pass
+    # Out of descriptors or memory, the worker waits for some to be freed (the pending client
+    # stays in the backlog) and goes on serving what it has.
+    warned = False
+    while True:
+        try:
+            stream = await listener.accept()
+        except anyio.ClosedResourceError:
+            return
+        except anyio.BrokenResourceError as exc:
+            if not exhausted(exc.__cause__):
+                raise
+            if not warned:
+                log.warning("cannot accept a connection (%s); trying again every %s s",
+                            exc.__cause__, _ACCEPT_BACKOFF)
+                warned = True
+            await anyio.sleep(_ACCEPT_BACKOFF)
+            continue
+        warned = False
+        handlers.start_soon(handler, stream)
 
 
 async def serve(address: Address | None = None, home: Path | None = None, *,

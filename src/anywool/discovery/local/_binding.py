@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from uuid import UUID
 
+from anywool._errno import exhausted
 from anywool._runtime_dir import runtime_dir
 from anywool.discovery.local import _watch
 from anywool.discovery.local._flock import (
@@ -295,6 +296,8 @@ def bind(namespace: str, root: Path | None = None) -> Binding:
         well-formed one (corrupt or truncated) and its owner is dead.
     :raises DiscoveryRegistryCorrupt: the registry is not a well-formed one while its owner is
         alive.
+    :raises OSError: the process ran out of descriptors or memory (``EMFILE``, ``ENFILE``,
+        ``ENOMEM``, ``ENOBUFS``), or opening the generation failed otherwise.
     """
     try:
         path = namespace_path(namespace, root or runtime_dir(create=False))
@@ -337,12 +340,15 @@ def bind(namespace: str, root: Path | None = None) -> Binding:
         raise
     except (OSError, ValueError, struct.error) as exc:
         # A registry that does not read as one: if its owner lives, say so rather than
-        # "no live owner" (a borrower could not tell the difference otherwise).
-        alive = not isinstance(exc, FileNotFoundError) and \
+        # "no live owner" (a borrower could not tell the difference otherwise). Running out of
+        # descriptors or memory says nothing about the registry: that is raised as it is.
+        alive = not isinstance(exc, FileNotFoundError) and not exhausted(exc) and \
             owner_alive(owner_fd if owner_fd >= 0 else dir_fd)
         close_quietly(registry_fd)
         close_quietly(owner_fd)
         os.close(dir_fd)
+        if exhausted(exc):
+            raise
         if alive:
             raise DiscoveryRegistryCorrupt(namespace, str(path / "registry"),
                                            str(exc) or type(exc).__name__) from None
