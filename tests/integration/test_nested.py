@@ -12,7 +12,7 @@ import anywool
 from anywool import WorkerPool, routine
 from anywool.lowlevel import WorkerConnection, discovery_stats
 
-from ..helpers import Signal
+from ..helpers import Signal, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -206,3 +206,47 @@ async def test_a_tree_cancelled_at_any_moment_has_run_every_started_finally(
                 started = {n.split("-")[1] for n in names if n.startswith("started-")}
                 unwound = {n.split("-")[1] for n in names if n.startswith("finally-")}
                 assert started == unwound, (step, sorted(names))
+
+
+async def test_proxies_that_pickle_alike_share_one_proxy_on_each_worker(namespace: str) -> None:
+    from anywool import LocalDiscovery, WorkerProxy
+
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=1, discovery=LocalDiscovery(namespace)):
+            for _ in range(20):  # a proxy per request, as a server might make them
+                async with WorkerProxy(namespace):
+                    assert len(await descend(2)) == 2
+            async with WorkerProxy(namespace):
+                assert await attached_subscriptions() == 1
+
+
+async def test_a_worker_keeps_few_idle_proxies(namespace: str) -> None:
+    from anywool import LocalDiscovery, WorkerProxy
+    from anywool.runtime._nested import MAX_IDLE
+
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=1, discovery=LocalDiscovery(namespace)):
+            for index in range(MAX_IDLE + 4):  # as many different origins
+                async with WorkerProxy(namespace, f"tag-{index}"):
+                    assert len(await descend(2)) == 2
+            async with WorkerProxy(namespace):
+                assert await attached_subscriptions() == MAX_IDLE
+
+
+async def test_nested_calls_reach_a_replaced_worker_whatever_the_lease() -> None:
+    import signal
+
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=2, lease=0) as pool:
+            first = {worker.pid for worker in pool.workers}
+            _, pids = await fan_out(16)
+            assert set(pids) == first
+            victim = pool.workers[0].pid
+            os.kill(victim, signal.SIGKILL)
+            await wait_until(lambda: len(pool.workers) == 2
+                             and victim not in {worker.pid for worker in pool.workers},
+                             "the pool to replace its worker")
+            now = {worker.pid for worker in pool.workers}
+            for _ in range(4):  # fanning out from each worker, the survivor's included
+                here, pids = await fan_out(16)
+                assert set(pids) == now, here  # the replacement is one of the pool's own

@@ -53,6 +53,11 @@ class RoundRobinLoadBalancer:
     def __init__(self) -> None:
         self._next = 0
 
+    def __reduce__(self) -> tuple[type[RoundRobinLoadBalancer], tuple[()]]:
+        # Its turn is this process's: a copy elsewhere starts afresh (and proxies that differ
+        # only in it pickle alike, so that they share their proxies on workers).
+        return (RoundRobinLoadBalancer, ())
+
     async def dispatch(
         self,
         workers: Sequence[tuple[WorkerMetadata, WorkerConnection]],

@@ -4,8 +4,11 @@ Every call carries its *origin*: a key and the pickle of the proxy of the pool i
 started from (:class:`~anywool.runtime._envelope.Origin`). A routine that calls a routine on a
 worker dispatches through a proxy rebuilt from that pickle: one per origin on each worker,
 entered on first use by a task of the worker's own (a proxy is an owner, entered and exited in
-one task), and exited after ``idle_timeout`` seconds without a call, or when the worker stops.
-The rebuilt proxy keeps the origin, so the calls it makes carry it further down the tree.
+one task), and exited after ``idle_timeout`` seconds without a call, when more than
+:data:`MAX_IDLE` are idle (the least recently used first), or when the worker stops. The key is
+a digest of the pickle, so proxies that pickle alike (``WorkerProxy("jobs")`` made per request,
+say) share one. The rebuilt proxy keeps the origin, so the calls it makes carry it further down
+the tree.
 
 What this module must never do: exit a proxy while a call uses it, or let a proxy's failure end
 the worker's task group.
@@ -33,6 +36,9 @@ log = logging.getLogger(__name__)
 #: The environment variable a worker reads its ``idle_timeout`` from (seconds).
 IDLE_TIMEOUT_ENV = "ANYWOOL_PROXY_IDLE_TIMEOUT"
 DEFAULT_IDLE_TIMEOUT = 60.0
+#: The most proxies a worker keeps while no call uses them: beyond, the least recently used
+#: is exited at once (each holds a subscription and a connection to every worker).
+MAX_IDLE = 8
 
 
 def idle_timeout_from_environment() -> float:
@@ -77,6 +83,14 @@ class NestedProxies:
             self._changed = anyio.Event()
             await self._changed.wait()
 
+    def _trim(self) -> None:
+        idle = [host for host in self._hosts.values()
+                if host.proxy is not None and not host._uses]
+        if len(idle) > MAX_IDLE:
+            idle.sort(key=lambda host: host._last_used)
+            for host in idle[:len(idle) - MAX_IDLE]:
+                host._expire()
+
     def dispatcher(self, origin: Origin | None, routine: str) -> RoutineDispatcher:
         """What the routine ``routine``, called with ``origin``, dispatches its calls through."""
         if origin is None:
@@ -97,7 +111,14 @@ class _Host:
         self.proxy: WorkerProxy | None = None
         self._starting: anyio.Event | None = None
         self._uses = 0
+        self._last_used = 0.0
+        self._expired = False
         self._changed = anyio.Event()
+
+    def _expire(self) -> None:
+        """Exit the proxy now (it is idle, and too many are)."""
+        self._expired = True
+        self._changed.set()
 
     async def _acquire(self, name: str) -> WorkerProxy:
         while self.proxy is None:
@@ -120,6 +141,9 @@ class _Host:
     def _release(self) -> None:
         self._uses -= 1
         self._changed.set()
+        if not self._uses:
+            self._last_used = anyio.current_time()
+            self._owner._trim()
 
     async def _host(self, name: str, *, task_status: TaskStatus[None]) -> None:
         """The task that owns the proxy: enters it, exits it once it has been idle."""
@@ -159,8 +183,11 @@ class _Host:
 
     async def _until_idle(self) -> None:
         timeout = self._owner._idle_timeout
+        self._expired = False
         while True:
             changed = self._changed = anyio.Event()
+            if self._expired and not self._uses:
+                return
             if self._uses:
                 await changed.wait()
                 continue

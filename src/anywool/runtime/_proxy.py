@@ -16,8 +16,8 @@ later dispatch with that exception at once.
 
 from __future__ import annotations
 
+import hashlib
 import logging
-import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
@@ -217,8 +217,9 @@ class WorkerProxy(SingleUse):
         self._changed = anyio.Event()
         self._in_flight = _InFlight()
         # What calls carry so that their routines can call routines (see runtime._nested):
-        # this proxy's key and pickle, made once (again when the pool's own workers change).
-        self._origin_key = uuid.uuid4().bytes
+        # this proxy's pickle and a digest of it, its key, made once (again when the pool's own
+        # workers change). Proxies that pickle alike share one proxy on each worker.
+        self._origin_key = b""
         self._origin_blob: bytes | None = None
         self._origin_unpicklable = False
 
@@ -552,6 +553,7 @@ class WorkerProxy(SingleUse):
         if self._origin_blob is None and not self._origin_unpicklable:
             try:
                 self._origin_blob = serializer.dumps(self)
+                self._origin_key = hashlib.blake2b(self._origin_blob, digest_size=16).digest()
             except serializer.VALUE_FAILURES as exc:
                 self._origin_unpicklable = True
                 log.debug("routines called through %r cannot call routines: the proxy cannot be "
