@@ -106,3 +106,46 @@ async def test_max_concurrency_is_validated_naming_it(value: object, error: type
         WorkerPool(spawn=1, max_concurrency=value)  # type: ignore[arg-type]
     with pytest.raises(error, match="max_concurrency"):
         LocalWorker(max_concurrency=value)  # type: ignore[arg-type]
+
+
+class CountingBalancer:
+    """Round robin, counting every attempt to hand a call to a worker."""
+
+    def __init__(self) -> None:
+        from anywool import RoundRobinLoadBalancer
+
+        self._inner = RoundRobinLoadBalancer()
+        self.attempts = 0
+
+    async def dispatch(self, workers, send):
+        async def counted(connection):
+            self.attempts += 1
+            return await send(connection)
+
+        return await self._inner.dispatch(workers, counted)
+
+
+@routine
+async def brief(x: int) -> int:
+    await anyio.sleep(0)
+    return x
+
+
+@pytest.mark.parametrize("bound", [1, 3])
+async def test_each_place_freed_wakes_one_waiting_call(bound: int) -> None:
+    # 400 calls for a few places: each call that ends lets one waiting call try (which, once
+    # accepted, lets the next one try), rather than every waiting call trying again and all but
+    # one being refused again, which made the attempts per call grow with the calls waiting.
+    calls = 400
+    balancer = CountingBalancer()
+    results: list[int] = []
+    with anyio.fail_after(120):
+        async with WorkerPool(spawn=1, max_concurrency=bound, loadbalancer=balancer):
+            async def call(x: int) -> None:
+                results.append(await brief(x))
+
+            async with anyio.create_task_group() as tg:
+                for x in range(calls):
+                    tg.start_soon(call, x)
+    assert sorted(results) == list(range(calls))
+    assert balancer.attempts <= 4 * calls, balancer.attempts

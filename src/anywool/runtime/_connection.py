@@ -82,7 +82,10 @@ class WorkerConnection(SingleUse):
     :param on_lost: called (synchronously, from the reader task) once when the connection fails
         or the worker closes it.
     :param on_room: called (synchronously, from the reader task) when the worker, having
-        refused a call of this connection as busy, has room again.
+        refused a call of this connection as busy, has room again (once per refusal, as a call
+        ends there).
+    :param on_accepted: called (synchronously, from the caller's task) whenever the worker
+        accepts a call.
     :param origin: returns what calls made here carry as their origin: the key and pickle of
         the proxy that routines running for them dispatch their own calls through (``None``:
         no proxy; such routines cannot call routines).
@@ -102,6 +105,7 @@ class WorkerConnection(SingleUse):
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         on_lost: Callable[[], object] | None = None,
         on_room: Callable[[], object] | None = None,
+        on_accepted: Callable[[], object] | None = None,
         origin: Callable[[], Origin | None] | None = None,
     ) -> None:
         self.address = address
@@ -110,6 +114,7 @@ class WorkerConnection(SingleUse):
         self._max_frame_size = max_frame_size
         self._on_lost = on_lost
         self._on_room = on_room
+        self._on_accepted = on_accepted
         self._origin = origin
         self._busy = False
         self._stream: ByteStream | None = None
@@ -220,9 +225,13 @@ class WorkerConnection(SingleUse):
         assert self._frames is not None
         while True:
             frame = await self._frames.receive()
+            # The busy flag follows the frames in their order: a ROOM right behind a NACK must
+            # clear what the NACK set, even before the refused call reads its NACK.
             if frame.kind == Kind.ROOM:
                 self._room()
                 continue
+            if frame.kind == Kind.NACK and frame.payload == envelope.BUSY:
+                self._busy = True
             stream = self._calls.get(frame.call_id)
             if stream is None:
                 continue  # a call that already gave up (e.g. cancelled): drop its late frames
@@ -329,12 +338,13 @@ class WorkerConnection(SingleUse):
             if first.kind == Kind.NACK:
                 call.finished = True
                 if first.payload == envelope.BUSY:
-                    self._busy = True
                     raise WorkerBusy(self.address, "the worker refused the call: it runs its "
                                                    "max_concurrency calls already")
                 raise CallNotDelivered(self.address, "the worker refused the call (it is stopping)")
             if first.kind != Kind.ACK:
                 call.pushback(first)
+            if self._on_accepted is not None:
+                self._on_accepted()
         except BaseException:
             await call.release()
             raise

@@ -216,6 +216,10 @@ class WorkerProxy(SingleUse):
         self._failure: BaseException | None = None
         self._changed = anyio.Event()
         self._in_flight = _InFlight()
+        # Calls that every worker refused as busy, in the order they began to wait, and a count
+        # of ROOM frames and changes of workers (see _deliver).
+        self._room_waiters: dict[anyio.Event, None] = {}
+        self._rooms = 0
         # What calls carry so that their routines can call routines (see runtime._nested):
         # this proxy's pickle and a digest of it, its key, made once (again when the pool's own
         # workers change). Proxies that pickle alike share one proxy on each worker.
@@ -298,6 +302,10 @@ class WorkerProxy(SingleUse):
         self._ready_list = list(self._ready.values())
         self._changed.set()
         self._changed = anyio.Event()
+        self._rooms += 1
+        waiters, self._room_waiters = self._room_waiters, {}
+        for room in waiters:
+            room.set()
 
     async def _sentinel(self) -> None:
         try:
@@ -389,7 +397,8 @@ class WorkerProxy(SingleUse):
                     connect_timeout=self._connect_timeout,
                     cancel_timeout=self._cancel_timeout,
                     on_lost=lost,
-                    on_room=self._notify,
+                    on_room=self._on_room,
+                    on_accepted=self._on_accepted,
                     origin=self._origin,
                 )
                 try:
@@ -503,7 +512,7 @@ class WorkerProxy(SingleUse):
                 raise
 
         while True:
-            changed = self._changed  # before trying: a ROOM arriving meanwhile sets it
+            rooms = self._rooms  # before trying: a ROOM arriving meanwhile changes it
             workers = await self._workers()
             refused = False
             try:
@@ -511,7 +520,33 @@ class WorkerProxy(SingleUse):
             except NoWorkersAvailable:
                 if not (refused or any(connection.busy for _, connection in workers)):
                     raise
-            await changed.wait()
+            if self._rooms != rooms:
+                continue
+            # A ROOM frame wakes one waiter, the longest waiting (each answers one refusal: a
+            # call ended on that worker); a change of workers wakes them all. A waiter whose
+            # call is accepted wakes the next, which tries too: so a worker with room left, or
+            # room again later, is never missed for want of a refusal it could answer.
+            room = anyio.Event()
+            self._room_waiters[room] = None
+            try:
+                await room.wait()
+            except BaseException:
+                if room.is_set():
+                    self._on_room()  # woken, but leaving: the place goes to the next waiter
+                else:
+                    del self._room_waiters[room]
+                raise
+
+    def _on_accepted(self) -> None:
+        if self._room_waiters:
+            self._on_room()
+
+    def _on_room(self) -> None:
+        self._rooms += 1
+        room = next(iter(self._room_waiters), None)
+        if room is not None:
+            del self._room_waiters[room]
+            room.set()
 
     async def dispatch(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run the coroutine routine ``fn(*args, **kwargs)`` on a worker and return its result.

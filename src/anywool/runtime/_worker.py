@@ -173,9 +173,10 @@ class _Worker:
         self.connections: set[FrameStream] = set()
         self.calls: set[_ServerCall] = set()
         self._connections_changed = anyio.Event()
-        # Connections refused a call as busy, each with its task group: they get a ROOM frame
-        # once a call ends below the bound.
-        self._waiting_for_room: dict[FrameStream, TaskGroup] = {}
+        # Connections refused calls as busy, in the order they were, each with its task group
+        # and how many refusals are unanswered: every call that ends below the bound answers
+        # one with a ROOM frame (one place freed, one caller woken).
+        self._waiting_for_room: dict[FrameStream, tuple[TaskGroup, int]] = {}
         self._on = f" on worker {address}"
 
     # -- connections ---------------------------------------------------------------------------
@@ -284,15 +285,19 @@ class _Worker:
             if self._has_room():
                 await frames.send(Frame(Kind.ROOM, 0))
             else:
-                self._waiting_for_room[frames] = tg
+                _, unanswered = self._waiting_for_room.get(frames, (tg, 0))
+                self._waiting_for_room[frames] = (tg, unanswered + 1)
         except PEER_GONE:
             pass
 
     def _offer_room(self) -> None:
+        """A call ended: answer one refusal, the oldest connection's first (round robin)."""
         if self._waiting_for_room and self._has_room():
-            waiting, self._waiting_for_room = self._waiting_for_room, {}
-            for frames, tg in waiting.items():
-                tg.start_soon(_send_room, frames)
+            frames = next(iter(self._waiting_for_room))
+            tg, unanswered = self._waiting_for_room.pop(frames)
+            if unanswered > 1:
+                self._waiting_for_room[frames] = (tg, unanswered - 1)
+            tg.start_soon(_send_room, frames)
 
     # -- calls ---------------------------------------------------------------------------------
 
