@@ -250,3 +250,57 @@ async def test_nested_calls_reach_a_replaced_worker_whatever_the_lease() -> None
             for _ in range(4):  # fanning out from each worker, the survivor's included
                 here, pids = await fan_out(16)
                 assert set(pids) == now, here  # the replacement is one of the pool's own
+
+
+@routine
+async def nest_once_wait_then_fan_out(gate: str) -> list[int]:
+    """One nested call, then wait for the test (over the Unix socket ``gate``), then more."""
+    await pid_of_worker()
+    async with await anyio.connect_unix(gate) as stream:
+        await stream.send(b"running")
+        await stream.receive()
+    pids: list[int] = []
+
+    async def one() -> None:
+        pids.append(await pid_of_worker())
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(4):
+            tg.start_soon(one)
+    return pids
+
+
+async def test_a_call_running_as_its_pool_exits_can_still_call_routines(
+        namespace: str, tmp_path: Path) -> None:
+    # The pool withdraws its workers first, then lets its calls finish: their nested calls
+    # still reach its workers (here with a quorum_timeout that would otherwise fail them).
+    from anywool import LocalDiscovery
+
+    from ..helpers import follow, take
+
+    gate = str(tmp_path / "gate")
+    results: list[list[int]] = []
+    with anyio.fail_after(60):
+        async with LocalDiscovery(namespace) as discovery, \
+                await anyio.create_unix_listener(gate) as listener, \
+                anyio.create_task_group() as tg:
+            events = await follow(tg, discovery.subscriber)
+            async with WorkerPool(spawn=2, discovery=discovery, quorum_timeout=2) as pool:
+                workers = {worker.pid for worker in pool.workers}
+                await take(events, 2)  # both added
+
+                async def caller() -> None:
+                    results.append(await nest_once_wait_then_fan_out(gate))
+
+                tg.start_soon(caller)
+                held = await listener.accept()
+                assert await held.receive() == b"running"
+
+                async def release_once_withdrawn() -> None:
+                    assert [kind for kind, _ in await take(events, 2)] == ["worker-dropped"] * 2
+                    await held.send(b"go")
+                    await held.aclose()
+
+                tg.start_soon(release_once_withdrawn)
+            tg.cancel_scope.cancel()
+    assert len(results) == 1 and set(results[0]) <= workers and len(results[0]) == 4

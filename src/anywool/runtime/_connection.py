@@ -125,6 +125,7 @@ class WorkerConnection(SingleUse):
         self._failure: str | None = None
         self._reader_done: anyio.Event | None = None
         self._idle: anyio.Event | None = None
+        self._lost = anyio.Event()
 
     @property
     def broken(self) -> bool:
@@ -251,6 +252,7 @@ class WorkerConnection(SingleUse):
     def _fail(self, reason: str) -> None:
         if self._failure is None:
             self._failure = reason
+            self._lost.set()
             if self._on_lost is not None:
                 try:
                     self._on_lost()
@@ -267,6 +269,10 @@ class WorkerConnection(SingleUse):
         while self._calls and self._failure is None:
             self._idle = anyio.Event()
             await self._idle.wait()
+
+    async def wait_lost(self) -> None:
+        """Wait until the connection fails, or the worker (or this side) closes it."""
+        await self._lost.wait()
 
     def _forget(self, call_id: int) -> None:
         send = self._calls.pop(call_id, None)

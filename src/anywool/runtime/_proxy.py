@@ -226,6 +226,7 @@ class WorkerProxy(SingleUse):
         self._origin_key = b""
         self._origin_blob: bytes | None = None
         self._origin_unpicklable = False
+        self._nested = False
 
     @property
     def discovery(self) -> DiscoverySubscriberLike:
@@ -410,7 +411,12 @@ class WorkerProxy(SingleUse):
                         self._ready[uid] = (admitted.metadata, connection)
                         self._notify()
                         await wakeup.wait()
-                        if admitted.dropped:
+                        if admitted.dropped and self._nested and uid in self._own:
+                            # The pool the call tree came from is exiting, and lets its calls
+                            # finish: their nested calls may still use its workers, until they
+                            # stop.
+                            await connection.wait_lost()
+                        elif admitted.dropped:
                             # Withdrawn: no new call goes to it, but the calls on it may finish
                             # (a stopping worker drains them): closing now would fail them.
                             self._unready(uid, connection)
@@ -596,8 +602,11 @@ class WorkerProxy(SingleUse):
         return None if self._origin_blob is None else (self._origin_key, self._origin_blob)
 
     def _adopt_origin(self, origin: Origin) -> None:
-        """Carry ``origin`` (this proxy was rebuilt from it on a worker) in every call."""
+        """Carry ``origin`` (this proxy was rebuilt from it on a worker) in every call, and serve
+        nested calls: the origin pool's own workers stay in use after their withdrawal (their
+        pool is exiting and lets its calls finish) until their connections end."""
         self._origin_key, self._origin_blob = origin
+        self._nested = True
 
     def _set_own(self, uids: Iterable[UUID]) -> None:
         """The workers a pool spawned itself, admitted whatever the lease (the pool calls this
