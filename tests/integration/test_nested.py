@@ -304,3 +304,20 @@ async def test_a_call_running_as_its_pool_exits_can_still_call_routines(
                 tg.start_soon(release_once_withdrawn)
             tg.cancel_scope.cancel()
     assert len(results) == 1 and set(results[0]) <= workers and len(results[0]) == 4
+
+
+@routine
+async def raise_below(depth: int) -> None:
+    if depth == 1:
+        raise KeyError("deep")
+    await raise_below(depth - 1)
+
+
+async def test_an_exception_from_deep_down_a_tree_keeps_its_type() -> None:
+    # Each level adds its frames to the traceback: past a few hundred, pickling it failed and
+    # the exception arrived as a RuntimeError naming it.
+    with anyio.fail_after(120):
+        async with WorkerPool(spawn=2):
+            with pytest.raises(KeyError, match="deep") as info:
+                await raise_below(45)
+    assert any("shortened" in note for note in info.value.__notes__)

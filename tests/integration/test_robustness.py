@@ -204,3 +204,30 @@ async def test_a_worker_out_of_descriptors_waits_for_some_and_goes_on_serving() 
             finally:
                 for stream in waiting:
                     await stream.aclose()
+
+
+@routine
+async def meddle_with_stdin() -> str:
+    import sys
+
+    read = sys.stdin.read()  # the worker's stop requests are not there to steal
+    sys.stdin.close()
+    os.close(0)
+    return read
+
+
+async def test_a_routine_that_reads_or_closes_stdin_leaves_the_worker_stoppable() -> None:
+    codes: list[int] = []
+
+    async def exit_code(worker: LocalWorker, *, task_status) -> None:
+        task_status.started()
+        codes.append(await worker.wait())
+
+    with anyio.fail_after(60):
+        async with LocalWorker() as worker, anyio.create_task_group() as tg:
+            await tg.start(exit_code, worker)
+            async with WorkerConnection(worker.address) as connection:
+                assert await connection.call(meddle_with_stdin.__wrapped__, (), {}) == ""
+                assert await connection.call(double.__wrapped__, (5,), {}) == 10
+            await worker.stop(5)
+    assert codes == [0]  # it took the stop request and stopped cleanly

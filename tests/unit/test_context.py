@@ -118,3 +118,11 @@ def test_a_variable_unset_by_a_step_reads_as_unset() -> None:
 def test_nothing_is_captured_when_nothing_is_set() -> None:
     assert in_fresh_context(_context.capture) is None
     assert in_fresh_context(lambda: _context.changes(None)) is None
+
+
+def test_a_variable_made_for_a_value_takes_the_default_a_pickled_one_carries() -> None:
+    # A value arrived by name first (no default known), then the variable itself, pickled by
+    # value from a __main__ with its default: get() falls back to that default.
+    made = _context._named("tests.unit.context.main_default")
+    assert _context._named("tests.unit.context.main_default", 5) is made
+    assert in_fresh_context(made.get) == 5

@@ -175,15 +175,20 @@ def _register(cls: type[ContextVar[Any]], name: str, default: Any, *,
 
 
 def _named(name: str, default: Any = NO_DEFAULT) -> ContextVar[Any]:
-    """The variable called ``name`` in this process, made (undeclared) when there is none."""
+    """The variable called ``name`` in this process, made (undeclared) when there is none.
+
+    ``default`` is the one a pickled variable carries: an undeclared variable without one
+    (made for a value that arrived by name) takes it.
+    """
     var = _by_name.get(name)
-    if var is not None:
-        return var
-    with _lock:
-        var = _by_name.get(name)
-        if var is None:
-            var = _register(ContextVar, name, default, declared=False)
-        return var
+    if var is None:
+        with _lock:
+            var = _by_name.get(name)
+            if var is None:
+                return _register(ContextVar, name, default, declared=False)
+    if default is not NO_DEFAULT and not var._declared and var._default is NO_DEFAULT:
+        var._default = default
+    return var
 
 
 # -- travel ------------------------------------------------------------------------------------

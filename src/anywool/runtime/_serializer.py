@@ -166,10 +166,30 @@ def _with_tblib(exc: BaseException) -> BaseException:
     # (cause, context, the leaves of groups) and for tracebacks; idempotent and cheap after the
     # first time per class. Exception groups get a reducer of their own (see _reduce_group).
     for each in _reachable(exc):
+        _trim(each)
         pickling_support.install(each)
         if isinstance(each, BaseExceptionGroup):
             copyreg.pickle(type(each), _reduce_group)
     return exc
+
+
+#: The most traceback frames an exception keeps when it crosses (the innermost ones): each level
+#: of nested routines adds its own, and pickling a traceback recurses once per frame.
+MAX_FRAMES = 100
+
+
+def _trim(exc: BaseException) -> None:
+    """Keep only the innermost :data:`MAX_FRAMES` frames of ``exc``'s traceback, with a note."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    if len(frames) > MAX_FRAMES:
+        exc.__traceback__ = frames[-MAX_FRAMES]
+        note = "(its traceback was shortened to the innermost frames as it crossed processes)"
+        if note not in getattr(exc, "__notes__", ()):
+            exc.add_note(note)
 
 
 def _reachable(exc: BaseException) -> list[BaseException]:

@@ -29,6 +29,9 @@ A routine cancelled by the stop (or by a client's cancel frame) still answers it
 waits (up to 2 s) for its clients to hang up, so each side's pending receive ends with
 end-of-stream rather than by cancellation. The socket file is removed at exit.
 
+The parent's pipe is moved off descriptor 0 at start-up, and routines get ``/dev/null`` as their
+stdin: reading or closing it never touches the stop requests.
+
 The parent passes its ``sys.path`` in ``$ANYWOOL_WORKER_SYS_PATH`` (JSON list) and its working
 directory as ours, so that routines defined in its modules import here by reference, and its
 pid in ``$ANYWOOL_WORKER_PARENT_PID``: a worker whose parent is already gone exits at once (70).
@@ -53,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 from anyio.abc import ByteStream, SocketListener, TaskGroup
 
 from anywool._address import Address
@@ -165,8 +169,9 @@ class _ServerCall:
 
 class _Worker:
     def __init__(self, address: str, nested: NestedProxies,
-                 max_concurrency: int | None = None) -> None:
+                 max_concurrency: int | None = None, control: int = 0) -> None:
         self.address = address
+        self.control = control
         self.nested = nested
         self.max_concurrency = max_concurrency
         self.stop = _Stop()
@@ -551,10 +556,14 @@ class _Worker:
     # -- control -------------------------------------------------------------------------------
 
     async def watch_stdin(self) -> None:
+        """Read stop requests from the parent's pipe (:attr:`control`); at EOF, stop now."""
         buffer = b""
         while True:
-            await anyio.wait_readable(sys.stdin.fileno())
-            chunk = os.read(sys.stdin.fileno(), 4096)
+            try:
+                await anyio.wait_readable(self.control)
+            except OSError:  # not pollable (a file, /dev/null: run by hand); reads never block
+                await anyio.lowlevel.checkpoint()
+            chunk = os.read(self.control, 4096)
             if not chunk:
                 self.stop.request(0)
                 return
@@ -605,13 +614,13 @@ async def _open_listener(
     )
 
 
-def _exit_when_orphaned(cleanup: Callable[[], None]) -> None:
+def _exit_when_orphaned(control: int, cleanup: Callable[[], None]) -> None:
     """Thread body: once stdin hangs up (the parent closed it or died), give the event loop
     :data:`_ORPHAN_GRACE` seconds to stop the worker, then remove its socket and exit anyway.
 
     It never reads stdin (the event loop does): it polls for the hang-up only."""
     poller = select.poll()
-    poller.register(sys.stdin.fileno(), 0)  # POLLHUP and POLLERR are always reported
+    poller.register(control, 0)  # POLLHUP and POLLERR are always reported
     while not any(event & (select.POLLHUP | select.POLLERR | select.POLLNVAL)
                   for _, event in poller.poll()):
         pass
@@ -672,13 +681,15 @@ async def _accept(listener: SocketListener,
 
 async def serve(address: Address | None = None, home: Path | None = None, *,
                 max_concurrency: int | None = None,
-                lifeline: _lifeline.Lifeline | None = None) -> None:
+                lifeline: _lifeline.Lifeline | None = None, control: int = 0) -> None:
     """Listen, announce the address on stdout, serve until stopped, clean up.
 
     :param max_concurrency: the most calls run at once (``None``: no bound); a call beyond it
         is refused before it runs.
     :param lifeline: the sidecar watching our parent, whose pidfd we watch too; ``None``: a
         watchdog thread watches stdin instead (unless it is a terminal).
+    :param control: the descriptor of the parent's pipe (stop requests, EOF), see
+        :func:`_take_stdin`.
     """
     idle_timeout = idle_timeout_from_environment()
     listener, announced, owned, path = await _open_listener(address, home)
@@ -689,13 +700,13 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
         if path is not None:
             path.unlink(missing_ok=True)
 
-    if lifeline is None and not os.isatty(sys.stdin.fileno()):
-        threading.Thread(target=_exit_when_orphaned, args=(remove_socket,), daemon=True,
+    if lifeline is None and not os.isatty(control):
+        threading.Thread(target=_exit_when_orphaned, args=(control, remove_socket), daemon=True,
                          name="anywool-orphan-watchdog").start()
     try:
         async with anyio.create_task_group() as main_tg:
             worker = _Worker(str(announced), NestedProxies(main_tg, idle_timeout, str(announced)),
-                             max_concurrency)
+                             max_concurrency, control)
             main_tg.start_soon(worker.watch_stdin)
             if lifeline is not None:
                 main_tg.start_soon(worker.watch_parent, lifeline.parent)
@@ -754,6 +765,17 @@ def _start_lifeline(address: Address | None, home: Path | None) -> _lifeline.Lif
         raise SystemExit(_ORPHANED_EXIT_CODE) from None
 
 
+def _take_stdin() -> int:
+    """Move the parent's pipe off descriptor 0, and give routines ``/dev/null`` as stdin:
+    nothing a routine does to its stdin (read it, close it) touches the stop requests and the
+    end-of-file the pipe carries. Returns the pipe's new descriptor (not inherited)."""
+    control = os.dup(0)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return control
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -795,9 +817,11 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Before any thread, event loop or listener exists: the sidecar is forked from us as we are.
     lifeline = _start_lifeline(options.address, options.home)
+    control = _take_stdin()
     try:
         anyio.run(functools.partial(serve, options.address, options.home,
-                                    max_concurrency=options.max_concurrency, lifeline=lifeline),
+                                    max_concurrency=options.max_concurrency, lifeline=lifeline,
+                                    control=control),
                   backend=options.backend)
     finally:
         if lifeline is not None:
