@@ -19,3 +19,13 @@ async def echo(x: object) -> object:
 async def stream(n: int) -> AsyncIterator[int]:
     for i in range(n):
         yield i
+
+
+#: Set by the "what travels" measurements of run.py: one short value per call.
+TAG = anywool.ContextVar("benchmarks.tag")
+
+
+@anywool.routine
+async def relay(x: object) -> object:
+    """A routine awaiting a trivial routine: the nested round trip."""
+    return await echo(x)

@@ -12,7 +12,11 @@ Measured, with a pool of 2 spawned workers:
 * dispatch round trip: sequential awaits of ``echo(x)`` after a warm-up (median, p99, ms);
 * throughput: 64 tasks, each awaiting ``echo`` sequentially, ≥ 5 000 calls in all (calls/s);
 * pool start/stop: entering, a first call, and exiting a fresh pool (median of the runs, s);
-* streaming: consuming an async generator routine that yields 2 000 ints (µs per item).
+* streaming: consuming an async generator routine that yields 2 000 ints (µs per item);
+* what travels (anywool only): the round trip of ``echo`` with a context variable set, under a
+  deadline, with both, and of a routine awaiting ``echo`` on its worker (nested), interleaved
+  call by call with plain round trips so that each is a ratio to the plain one measured
+  alongside it.
 """
 
 from __future__ import annotations
@@ -164,6 +168,46 @@ async def _pool_cycle(pool_factory: Callable[[], Any], echo: Callable[[int], Awa
     }
 
 
+TRAVEL_VARIANTS = ("plain", "context", "deadline", "both", "nested")
+
+
+async def _travel(calls: int) -> dict[str, Any]:
+    """Round trips with what travels with a call, each variant once per round in turn."""
+    import anyio
+    import routines
+
+    samples: dict[str, list[int]] = {variant: [] for variant in TRAVEL_VARIANTS}
+    clock = time.perf_counter_ns
+
+    async def one(variant: str, i: int) -> None:
+        token = routines.TAG.set("request-42") if variant in ("context", "both") else None
+        far = anyio.current_time() + 600 if variant in ("deadline", "both") else math.inf
+        fn = routines.relay if variant == "nested" else routines.echo
+        with anyio.CancelScope(deadline=far):
+            start = clock()
+            await fn(i)
+            samples[variant].append(clock() - start)
+        if token is not None:
+            routines.TAG.reset(token)
+
+    for i in range(WARMUP_CALLS):
+        for variant in TRAVEL_VARIANTS:
+            await one(variant, i)
+    for variant in TRAVEL_VARIANTS:
+        samples[variant].clear()
+    for i in range(calls):
+        for offset in range(len(TRAVEL_VARIANTS)):  # a different order every round
+            await one(TRAVEL_VARIANTS[(i + offset) % len(TRAVEL_VARIANTS)], i)
+    figures: dict[str, Any] = {"calls": calls}
+    for variant, values in samples.items():
+        summary = _harness.summary_ms(values)
+        figures[f"{variant}_median_ms"] = summary["median_ms"]
+        figures[f"{variant}_p99_ms"] = summary["p99_ms"]
+    for variant in TRAVEL_VARIANTS:
+        figures[f"{variant}_ratio"] = figures[f"{variant}_median_ms"] / figures["plain_median_ms"]
+    return figures
+
+
 async def _measure(framework: str, calls: int, throughput_calls: int) -> dict[str, Any]:
     pool_factory, echo, stream = _framework(framework)
     results: dict[str, Any] = {}
@@ -171,6 +215,8 @@ async def _measure(framework: str, calls: int, throughput_calls: int) -> dict[st
         results["round_trip"] = await _round_trip(echo, calls)
         results["throughput"] = await _throughput(echo, throughput_calls)
         results["streaming"] = await _streaming(stream)
+        if framework == "anywool":
+            results["travel"] = await _travel(calls)
     results["pool"] = await _pool_cycle(pool_factory, echo)
     return results
 
@@ -262,9 +308,46 @@ def _print_table(runs: dict[str, dict[str, Any]], backends: list[str], wool_note
         )
     if wool_note:
         console.print(wool_note)
+    _print_travel(console, runs, backends)
     loads = ", ".join(f"{k} {v['loadavg']:.2f}" for k, v in runs.items())
     versions = sorted({f"{v['framework']} {v['version']}" for v in runs.values()})
     console.print(_harness.machine_line(versions, f"median 1-min load average at start: {loads}"))
+
+
+TRAVEL_LABELS = {
+    "plain": "plain round trip",
+    "context": "with a ContextVar set",
+    "deadline": "under a deadline",
+    "both": "with both",
+    "nested": "nested: a routine awaiting echo",
+}
+
+
+def _print_travel(console: Any, runs: dict[str, dict[str, Any]], backends: list[str]) -> None:
+    from rich.table import Table
+
+    keys = [f"anywool-{b}" for b in backends if "travel" in runs.get(f"anywool-{b}", {}).get(
+        "results", {})]
+    if not keys:
+        return
+    table = Table(title="What travels with a call (anywool)", title_justify="left")
+    table.add_column("round trip", no_wrap=True)
+    for key in keys:
+        backend = key.split("-")[1]
+        table.add_column(f"{backend} median ms", justify="right")
+        table.add_column(f"{backend} p99 ms", justify="right")
+        table.add_column(f"{backend} ÷ plain", justify="right")
+    for variant in TRAVEL_VARIANTS:
+        cells = [TRAVEL_LABELS[variant]]
+        for key in keys:
+            figures = runs[key]["results"]["travel"]
+            cells += [f"{figures[f'{variant}_median_ms']:.3f}",
+                      f"{figures[f'{variant}_p99_ms']:.3f}", f"{figures[f'{variant}_ratio']:.2f}"]
+        table.add_row(*cells)
+    console.print(table)
+    console.print("÷ plain: the median of that variant over the median of plain round trips "
+                  "interleaved with it, call by call (target for ContextVar and deadline: "
+                  "≤ 1.10).")
 
 
 def main(argv: list[str] | None = None) -> int:
