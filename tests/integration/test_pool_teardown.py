@@ -378,7 +378,7 @@ from anywool import WorkerPool, routine
 async def block(path: str) -> None:
     with open(path, "w") as marker:
         marker.write(str(os.getpid()))
-    time.sleep(60)  # blocks the worker's event loop: it cannot see its parent go
+    BLOCK
 
 async def main():
     async with WorkerPool(spawn=1):
@@ -387,62 +387,27 @@ anyio.run(main, backend=sys.argv[1])
 """
 
 
-async def test_a_worker_whose_loop_is_blocked_still_exits_when_its_pool_is_killed(
-    anyio_backend: str, runtime_dir: Path, tmp_path: Path
+@pytest.mark.parametrize("block", [
+    # blocks the worker's event loop: it cannot see its parent go
+    pytest.param("time.sleep(60)", id="blocked-loop"),
+    # C code that never lets go of the GIL: no thread of the worker runs either
+    pytest.param("sum(range(10**13))", id="held-gil"),
+])
+async def test_a_worker_whose_routine_will_not_yield_still_exits_when_its_pool_is_killed(
+    block: str, anyio_backend: str, runtime_dir: Path, tmp_path: Path
 ) -> None:
     marker = tmp_path / "blocking"
+    worker: psutil.Process | None = None
     with anyio.fail_after(60):
-        child = await start(ORPHANING_POOL, anyio_backend, str(marker))
+        child = await start(ORPHANING_POOL.replace("BLOCK", block), anyio_backend, str(marker))
         try:
             await wait_until(lambda: marker.exists() and marker.read_text() != "",
                              "the routine to block its worker", timeout=30)
-            worker_pid = int(marker.read_text())
-            child.kill()
-            await child.wait()
-            # The worker's lifeline ends it about 5 s after its parent died.
-            gone = await anyio.to_thread.run_sync(
-                lambda: psutil.wait_procs([psutil.Process(worker_pid)], timeout=20)[0])
-            assert [p.pid for p in gone] == [worker_pid]
-        finally:
-            await stop([child])
-        # It removed its socket directory; what is left is the killed pool's namespace.
-        assert [name[:3] for name in os.listdir(runtime_dir)] == ["ns-"]
-        async with LocalDiscovery("sweeper"):  # sweeps the dead generation
-            pass
-
-
-GIL_HOLDING_POOL = """
-import os, sys, anyio
-from anywool import WorkerPool, routine
-
-@routine
-async def hold_the_gil(path: str) -> None:
-    with open(path, "w") as marker:
-        marker.write(str(os.getpid()))
-    sum(range(10**13))  # C code that never lets go of the GIL: no thread of the worker runs
-
-async def main():
-    async with WorkerPool(spawn=1):
-        await hold_the_gil(sys.argv[2])
-anyio.run(main, backend=sys.argv[1])
-"""
-
-
-async def test_a_worker_whose_routine_holds_the_gil_still_exits_when_its_pool_is_killed(
-    anyio_backend: str, runtime_dir: Path, tmp_path: Path
-) -> None:
-    marker = tmp_path / "holding"
-    worker: psutil.Process | None = None
-    with anyio.fail_after(60):
-        child = await start(GIL_HOLDING_POOL, anyio_backend, str(marker))
-        try:
-            await wait_until(lambda: marker.exists() and marker.read_text() != "",
-                             "the routine to hold its worker's GIL", timeout=30)
             worker = psutil.Process(int(marker.read_text()))
             rest = worker.children(recursive=True)  # its lifeline: it must not outlive it
             child.kill()
             await child.wait()
-            # Its lifeline kills it 5 s after the pool died; no thread of its own could run.
+            # Its lifeline kills it 5 s after the pool died.
             gone, _ = await anyio.to_thread.run_sync(
                 lambda: psutil.wait_procs([worker, *rest], timeout=20))
             assert sorted(p.pid for p in gone) == sorted(p.pid for p in [worker, *rest])
