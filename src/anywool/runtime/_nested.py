@@ -101,7 +101,6 @@ class NestedProxies:
         return host
 
 
-
 class _Host:
     """One origin's proxy: started on first use, exited after ``idle_timeout`` without one."""
 
