@@ -126,6 +126,12 @@ class CountingBalancer:
 
 
 @routine
+async def pause(x: int) -> int:
+    await anyio.sleep(0.001)  # the routine's work: long enough for calls to pile up
+    return x
+
+
+@routine
 async def brief(x: int) -> int:
     await anyio.sleep(0)
     return x
@@ -149,3 +155,25 @@ async def test_each_place_freed_wakes_one_waiting_call(bound: int) -> None:
                     tg.start_soon(call, x)
     assert sorted(results) == list(range(calls))
     assert balancer.attempts <= 4 * calls, balancer.attempts
+
+
+async def test_calls_through_several_proxies_all_get_their_turn(namespace: str) -> None:
+    # Each proxy has its own connection to each worker. A worker that owed one ROOM per refusal
+    # sent some to a connection whose refused calls had run elsewhere meanwhile: nobody woke,
+    # and the other proxy's calls waited for ever on an idle worker.
+    from anywool import LocalDiscovery, WorkerProxy
+
+    done: list[int] = []
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=2, max_concurrency=1,
+                              discovery=LocalDiscovery(namespace)) as pool, \
+                WorkerProxy(namespace) as other:
+            proxies = [pool.proxy, other]
+
+            async def call(x: int) -> None:
+                done.append(await proxies[x % 2].dispatch(pause.__wrapped__, (x,), {}))
+
+            async with anyio.create_task_group() as tg:
+                for x in range(300):
+                    tg.start_soon(call, x)
+    assert sorted(done) == list(range(300))

@@ -321,3 +321,25 @@ async def test_an_exception_from_deep_down_a_tree_keeps_its_type() -> None:
             with pytest.raises(KeyError, match="deep") as info:
                 await raise_below(45)
     assert any("shortened" in note for note in info.value.__notes__)
+
+
+@routine
+async def proxies_kept() -> int:
+    """How many nested-call proxies (entered or not) this worker's process holds."""
+    import gc
+
+    from anywool.runtime._nested import _Host
+
+    return sum(isinstance(thing, _Host) for thing in gc.get_objects())
+
+
+async def test_calls_that_make_no_nested_call_leave_nothing_on_their_worker(
+        namespace: str) -> None:
+    from anywool import LocalDiscovery, WorkerProxy
+
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=1, discovery=LocalDiscovery(namespace)):
+            for index in range(30):  # as many origins, none calling a routine
+                async with WorkerProxy(namespace, f"tag-{index}"):
+                    await pid_of_worker()
+            assert await proxies_kept() == 0

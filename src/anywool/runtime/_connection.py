@@ -82,8 +82,7 @@ class WorkerConnection(SingleUse):
     :param on_lost: called (synchronously, from the reader task) once when the connection fails
         or the worker closes it.
     :param on_room: called (synchronously, from the reader task) when the worker, having
-        refused a call of this connection as busy, has room again (once per refusal, as a call
-        ends there).
+        refused a call of this connection as busy, has room again (a call ended there).
     :param on_accepted: called (synchronously, from the caller's task) whenever the worker
         accepts a call.
     :param origin: returns what calls made here carry as their origin: the key and pickle of

@@ -92,13 +92,36 @@ class NestedProxies:
                 host._expire()
 
     def dispatcher(self, origin: Origin | None, routine: str) -> RoutineDispatcher:
-        """What the routine ``routine``, called with ``origin``, dispatches its calls through."""
+        """What the routine ``routine``, called with ``origin``, dispatches its calls through.
+
+        Cheap, and keeps nothing: a proxy's entry is made at the first nested call only."""
         if origin is None:
             return _NoOrigin(routine)
+        return _Dispatcher(self, origin)
+
+    def _host(self, origin: Origin) -> _Host:
         host = self._hosts.get(origin[0])
         if host is None:
             host = self._hosts[origin[0]] = _Host(self, origin)
         return host
+
+
+class _Dispatcher:
+    """A call's way to its origin's proxy (``_Host``), found or made at each nested call."""
+
+    __slots__ = ("_owner", "_origin")
+
+    def __init__(self, owner: NestedProxies, origin: Origin) -> None:
+        self._owner = owner
+        self._origin = origin
+
+    async def dispatch(self, fn: Callable[..., Any], args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> Any:
+        return await self._owner._host(self._origin).dispatch(fn, args, kwargs)
+
+    def stream(self, fn: Callable[..., Any], args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> AsyncGenerator[Any, Any]:
+        return self._owner._host(self._origin).stream(fn, args, kwargs)
 
 
 class _Host:
@@ -130,6 +153,10 @@ class _Host:
             self._starting = anyio.Event()
             try:
                 await self._owner._task_group.start(self._host, name)
+            except BaseException:
+                if self.proxy is None and not self._uses:
+                    self._retire()  # nothing to keep for an origin that did not start
+                raise
             finally:
                 self._starting.set()
                 self._starting = None

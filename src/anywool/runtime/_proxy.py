@@ -528,10 +528,10 @@ class WorkerProxy(SingleUse):
                     raise
             if self._rooms != rooms:
                 continue
-            # A ROOM frame wakes one waiter, the longest waiting (each answers one refusal: a
-            # call ended on that worker); a change of workers wakes them all. A waiter whose
-            # call is accepted wakes the next, which tries too: so a worker with room left, or
-            # room again later, is never missed for want of a refusal it could answer.
+            # A ROOM frame (a call ended on a worker that refused one of ours) wakes one waiter,
+            # the longest waiting; a change of workers wakes them all. A waiter whose call is
+            # accepted wakes the next, which tries too: refused, it makes the worker owe this
+            # connection a ROOM again, so room freed later is never missed.
             room = anyio.Event()
             self._room_waiters[room] = None
             try:

@@ -178,10 +178,10 @@ class _Worker:
         self.connections: set[FrameStream] = set()
         self.calls: set[_ServerCall] = set()
         self._connections_changed = anyio.Event()
-        # Connections refused calls as busy, in the order they were, each with its task group
-        # and how many refusals are unanswered: every call that ends below the bound answers
-        # one with a ROOM frame (one place freed, one caller woken).
-        self._waiting_for_room: dict[FrameStream, tuple[TaskGroup, int]] = {}
+        # Connections refused a call as busy since they last heard of room, each with its task
+        # group: each gets a ROOM frame when a call ends below the bound (its proxy then lets
+        # one waiting call try), and is forgotten until refused again.
+        self._waiting_for_room: dict[FrameStream, TaskGroup] = {}
         self._on = f" on worker {address}"
 
     # -- connections ---------------------------------------------------------------------------
@@ -290,19 +290,18 @@ class _Worker:
             if self._has_room():
                 await frames.send(Frame(Kind.ROOM, 0))
             else:
-                _, unanswered = self._waiting_for_room.get(frames, (tg, 0))
-                self._waiting_for_room[frames] = (tg, unanswered + 1)
+                self._waiting_for_room[frames] = tg
         except PEER_GONE:
             pass
 
     def _offer_room(self) -> None:
-        """A call ended: answer one refusal, the oldest connection's first (round robin)."""
+        """A call ended: tell every connection refused since it last heard of room. (Owing one
+        ROOM per refusal instead loses wake-ups: a refused call that then ran elsewhere leaves
+        a ROOM that wakes nobody, while other connections wait for one.)"""
         if self._waiting_for_room and self._has_room():
-            frames = next(iter(self._waiting_for_room))
-            tg, unanswered = self._waiting_for_room.pop(frames)
-            if unanswered > 1:
-                self._waiting_for_room[frames] = (tg, unanswered - 1)
-            tg.start_soon(_send_room, frames)
+            waiting, self._waiting_for_room = self._waiting_for_room, {}
+            for frames, tg in waiting.items():
+                tg.start_soon(_send_room, frames)
 
     # -- calls ---------------------------------------------------------------------------------
 
