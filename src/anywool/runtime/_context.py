@@ -23,32 +23,25 @@ T = TypeVar("T")
 D = TypeVar("D")
 
 
-class _Unset:
-    """The value of a variable a step left unset (it travels; ``get`` treats it as unset)."""
+class _Sentinel:
+    """A module-level marker that pickles by name, so that it is itself in every process."""
 
-    __slots__ = ()
+    __slots__ = ("_name",)
 
-    def __reduce__(self) -> str:
-        return "UNSET"
-
-    def __repr__(self) -> str:
-        return "<unset>"
-
-
-UNSET: Any = _Unset()
-
-
-class _NoDefault:
-    __slots__ = ()
+    def __init__(self, name: str) -> None:
+        self._name = name
 
     def __reduce__(self) -> str:
-        return "NO_DEFAULT"
+        return self._name
 
     def __repr__(self) -> str:
-        return "<no default>"
+        return f"<{self._name}>"
 
 
-NO_DEFAULT: Any = _NoDefault()
+#: The value of a variable a step left unset (it travels; ``get`` treats it as unset).
+UNSET: Any = _Sentinel("UNSET")
+#: No default was given.
+NO_DEFAULT: Any = _Sentinel("NO_DEFAULT")
 
 _lock = threading.Lock()
 _by_name: dict[str, ContextVar[Any]] = {}
