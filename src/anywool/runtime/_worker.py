@@ -9,8 +9,8 @@ pickled code, so an unauthenticated TCP listener would run anyone's code. Everyt
 prints afterwards (including routines' ``print``) goes to stderr, so the pipe its parent reads
 can never fill up and block it.
 
-Calls run concurrently, each in its own task in the task group of the connection that carried it;
-a connection that closes cancels its calls. The worker stops:
+Calls run concurrently, served by :class:`~anywool.runtime._server.Server`; a connection that
+closes cancels its calls. The worker stops:
 
 * on a stop request, a line ``stop <grace>`` on stdin: ``grace`` seconds to drain in-flight calls
   (new ones are refused with ``NACK``), ``0`` to cancel them now, negative to drain for as long
@@ -24,10 +24,7 @@ a connection that closes cancels its calls. The worker stops:
   5 s after stdin hangs up, when the GIL lets it run;
 * on SIGTERM: cancels now; on SIGINT: drains forever.
 
-A routine cancelled by the stop (or by a client's cancel frame) still answers its call, with
-:class:`~anywool.errors.RoutineCancelled`. Then the worker half-closes every connection and
-waits (up to 2 s) for its clients to hang up, so each side's pending receive ends with
-end-of-stream rather than by cancellation. The socket file is removed at exit.
+The socket file is removed at exit.
 
 The parent's pipe is moved off descriptor 0 at start-up, and routines get ``/dev/null`` as their
 stdin: reading or closing it never touches the stop requests.
@@ -37,18 +34,17 @@ directory as ours, so that routines defined in its modules import here by refere
 pid in ``$ANYWOOL_WORKER_PARENT_PID``: a worker whose parent is already gone exits at once (70).
 """
 
+
 from __future__ import annotations
 
 import argparse
 import functools
-import inspect
 import json
 import logging
-import math
 import os
+import select
 import signal
 import sys
-import select
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -56,37 +52,19 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 from anyio.abc import ByteStream, SocketListener, TaskGroup
 
 from anywool._address import Address
 from anywool._errno import exhausted
-from anywool.errors import PayloadTooLarge, RoutineAborted, RoutineCancelled, SerializationError
-from anywool.runtime import _context
-from anywool.runtime import _envelope as envelope
-from anywool.runtime import _serializer as serializer
 from anywool.runtime import _lifeline, _socket_dir
 from anywool.runtime._nested import NestedProxies, idle_timeout_from_environment
-from anywool.runtime._peer import PEER_GONE, PEER_HUNG_UP
-from anywool.runtime._routine import RoutineTask, routine_body, set_active, set_running
-from anywool.runtime._wire import (
-    Frame,
-    FrameError,
-    FrameStream,
-    Kind,
-    payload_limit,
-    shut_down,
-)
+from anywool.runtime._server import LINGER, REPLY_TIMEOUT, Server
 
 log = logging.getLogger("anywool.worker")
 
 SYS_PATH_ENV = "ANYWOOL_WORKER_SYS_PATH"
 PARENT_PID_ENV = "ANYWOOL_WORKER_PARENT_PID"
 
-# How long a cancelled call may take to tell its client it was cancelled.
-_REPLY_TIMEOUT = 1.0
-# Seconds a stopping worker waits for its clients to hang up after it half-closed.
-_LINGER = 2.0
 # Once its parent is gone (stdin hung up), the seconds a worker has to stop by itself before it
 # exits regardless: a routine that shields itself or blocks the event loop cannot keep it alive.
 _ORPHAN_GRACE = 5.0
@@ -95,499 +73,6 @@ _ACCEPT_BACKOFF = 0.1
 #: The largest ``--max-concurrency``.
 MAX_CONCURRENCY = 1 << 20
 _ORPHANED_EXIT_CODE = 70
-
-
-class _Stop:
-    """The worker-wide stop state: draining flag, in-flight count, requested grace."""
-
-    def __init__(self) -> None:
-        self.requested = anyio.Event()
-        self.grace: float | None = None
-        self.draining = False
-        self.in_flight = 0
-        self._changed = anyio.Event()
-        self._drain_scope: anyio.CancelScope | None = None
-
-    def request(self, grace: float) -> None:
-        if self.grace is None:
-            self.grace = grace
-            self.requested.set()
-        elif grace == 0 and self.grace != 0:
-            self.grace = 0  # escalation: stop draining, cancel now
-            if self._drain_scope is not None:
-                self._drain_scope.cancel()
-
-    def started(self) -> None:
-        self.in_flight += 1
-
-    def finished(self) -> None:
-        self.in_flight -= 1
-        self._changed.set()
-        self._changed = anyio.Event()
-
-    async def drain(self) -> None:
-        """Wait until no call is in flight, for at most ``grace`` seconds (< 0: no bound)."""
-        assert self.grace is not None
-        if self.grace == 0:
-            return
-        timeout = math.inf if self.grace < 0 else self.grace
-        with anyio.CancelScope() as scope:
-            self._drain_scope = scope
-            await self.drain_for(timeout)
-        self._drain_scope = None
-
-    async def drain_for(self, timeout: float) -> None:
-        """Wait until no call is in flight, for at most ``timeout`` seconds."""
-        with anyio.move_on_after(timeout):
-            while self.in_flight:
-                await self._changed.wait()
-
-
-class _Untracked:
-    """No context-variable changes to report: the routine never ran."""
-
-
-_UNTRACKED = _Untracked()
-
-
-class _ServerCall:
-    def __init__(self, call_id: int) -> None:
-        self.id = call_id
-        self.scope = anyio.CancelScope()
-        # A client drives a generator one step at a time: one step frame can be pending, never
-        # more (anything else is a protocol error, not a queue to grow).
-        self.inbox_send, self.inbox = anyio.create_memory_object_stream[Frame](1)
-        self.name = "<routine>"
-        self.streaming: bool | None = None  # known once the routine is loaded
-        self.protocol_error: str | None = None
-
-    def refuse(self, frames_it_cannot_use: str) -> None:
-        """A protocol error: end this call (its reply says why); the connection goes on."""
-        self.protocol_error = frames_it_cannot_use
-        self.scope.cancel()
-
-
-class _Worker:
-    def __init__(self, address: str, nested: NestedProxies,
-                 max_concurrency: int | None = None, control: int = 0) -> None:
-        self.address = address
-        self.control = control
-        self.nested = nested
-        self.max_concurrency = max_concurrency
-        self.stop = _Stop()
-        self.connections: set[FrameStream] = set()
-        self.calls: set[_ServerCall] = set()
-        self._connections_changed = anyio.Event()
-        # Connections refused a call as busy since they last heard of room, each with its task
-        # group: each gets a ROOM frame when a call ends below the bound (its proxy then lets
-        # one waiting call try), and is forgotten until refused again.
-        self._waiting_for_room: dict[FrameStream, TaskGroup] = {}
-        self._on = f" on worker {address}"
-
-    # -- connections ---------------------------------------------------------------------------
-
-    async def close_connections(self, linger: float) -> None:
-        """Half-close every connection, then wait up to ``linger`` seconds for clients to go.
-
-        A client reads end-of-stream, so calls it sent that were never acknowledged fail as
-        "not delivered" (safe to retry elsewhere); meanwhile this side keeps reading, so it
-        never closes with unread data, which would reset the stream and could destroy replies
-        the client has not read yet. Each half-close waits for the reply being written on its
-        connection, if any (a half-close under a write raises ``BusyResourceError``). The
-        connections still open after ``linger`` are shut down, so that their handlers' pending
-        receives end with end-of-stream rather than by cancellation.
-        """
-        with anyio.move_on_after(linger):
-            async with anyio.create_task_group() as tg:
-                for frames in list(self.connections):
-                    tg.start_soon(_half_close, frames)
-            await self._until_no_connection()
-        if self.connections:
-            for frames in list(self.connections):
-                shut_down(frames.stream)
-            with anyio.move_on_after(_REPLY_TIMEOUT):
-                await self._until_no_connection()
-
-    async def _until_no_connection(self) -> None:
-        while self.connections:
-            await self._connections_changed.wait()
-
-    async def cancel_calls(self, timeout: float) -> None:
-        """Cancel every call still running; wait up to ``timeout`` seconds for them to answer
-        (each answers :class:`~anywool.errors.RoutineCancelled`)."""
-        for call in list(self.calls):
-            call.scope.cancel()
-        await self.stop.drain_for(timeout)
-
-    async def handle(self, stream: ByteStream) -> None:
-        frames = FrameStream(stream, stream)
-        self.connections.add(frames)
-        try:
-            await self._handle(stream, frames)
-        finally:
-            self.connections.discard(frames)
-            self._connections_changed.set()
-            self._connections_changed = anyio.Event()
-
-    async def _handle(self, stream: ByteStream, frames: FrameStream) -> None:
-        calls: dict[int, _ServerCall] = {}
-        async with stream, anyio.create_task_group() as tg:
-            try:
-                while True:
-                    frame = await frames.receive()
-                    self._route(frame, frames, calls, tg)
-            except PEER_HUNG_UP:
-                pass
-            except (FrameError, OSError) as exc:
-                log.warning("dropping a connection: %s", exc)
-            except Exception:
-                log.exception("dropping a connection after an unexpected error")
-            self._waiting_for_room.pop(frames, None)
-            tg.cancel_scope.cancel()  # the client is gone: cancel its calls
-
-    def _route(
-        self, frame: Frame, frames: FrameStream, calls: dict[int, _ServerCall], tg: TaskGroup
-    ) -> None:
-        if frame.kind == Kind.CALL:
-            if self.stop.draining or frame.call_id in calls:
-                tg.start_soon(_refuse, frames, frame.call_id)
-                return
-            if not self._has_room():
-                tg.start_soon(self._refuse_busy, frames, frame.call_id, tg)
-                return
-            call = _ServerCall(frame.call_id)
-            calls[call.id] = call
-            self.calls.add(call)
-            self.stop.started()
-            tg.start_soon(self._run, frames, call, frame.payload, calls)
-            return
-        call = calls.get(frame.call_id)
-        if call is None:
-            return  # late frame for a call that ended
-        if frame.kind == Kind.CANCEL:
-            call.scope.cancel()
-        elif frame.kind in (Kind.ASEND, Kind.ATHROW, Kind.ACLOSE):
-            if call.streaming is False:
-                call.refuse(f"a {frame.kind.name} frame for a coroutine call")
-                return
-            try:
-                call.inbox_send.send_nowait(frame)
-            except anyio.WouldBlock:
-                call.refuse(f"a {frame.kind.name} frame while the previous step is pending")
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                pass  # the call is ending
-
-    # -- admission -----------------------------------------------------------------------------
-
-    def _has_room(self) -> bool:
-        return self.max_concurrency is None or self.stop.in_flight < self.max_concurrency
-
-    async def _refuse_busy(self, frames: FrameStream, call_id: int, tg: TaskGroup) -> None:
-        # The ROOM that answers this refusal must follow it on the stream: a client that read
-        # ROOM first would then wait for one that never comes.
-        try:
-            await frames.send(Frame(Kind.NACK, call_id, envelope.BUSY))
-            if self._has_room():
-                await frames.send(Frame(Kind.ROOM, 0))
-            else:
-                self._waiting_for_room[frames] = tg
-        except PEER_GONE:
-            pass
-
-    def _offer_room(self) -> None:
-        """A call ended: tell every connection refused since it last heard of room. (Owing one
-        ROOM per refusal instead loses wake-ups: a refused call that then ran elsewhere leaves
-        a ROOM that wakes nobody, while other connections wait for one.)"""
-        if self._waiting_for_room and self._has_room():
-            waiting, self._waiting_for_room = self._waiting_for_room, {}
-            for frames, tg in waiting.items():
-                tg.start_soon(_send_room, frames)
-
-    # -- calls ---------------------------------------------------------------------------------
-
-    async def _run(
-        self, frames: FrameStream, call: _ServerCall, payload: bytes, calls: dict[int, _ServerCall]
-    ) -> None:
-        try:
-            await self._execute(frames, call, payload)
-        except PEER_GONE:
-            pass  # the client is gone; its connection handler cancels the rest
-        except anyio.get_cancelled_exc_class():
-            # The worker is stopping or the connection closed: tell the client, then unwind.
-            with anyio.CancelScope(shield=True), anyio.move_on_after(_REPLY_TIMEOUT):
-                await self._reply_cancelled(frames, call)
-            raise
-        except Exception as exc:  # a reply that could not be made: only this call fails
-            log.exception("call %s (%s) failed while replying", call.id, call.name)
-            try:
-                await self._reply_exception(frames, call, RuntimeError(
-                    f"worker {self.address} failed to reply for {call.name}: {exc!r}"))
-            except (*PEER_GONE, FrameError):
-                pass
-        finally:
-            calls.pop(call.id, None)
-            self.calls.discard(call)
-            call.inbox_send.close()
-            call.inbox.close()
-            self.stop.finished()
-            self._offer_room()
-
-    async def _execute(self, frames: FrameStream, call: _ServerCall, payload: bytes) -> None:
-        with call.scope:
-            try:
-                request = envelope.decode_call(payload)
-                call.name = request.name
-                fn, args, kwargs = serializer.loads_value(request.call, call.name,
-                                                          "the arguments", self._on)
-                values = self._load_context(request.context, call.name)
-                body = routine_body(fn)
-                call.streaming = inspect.isasyncgenfunction(body)
-                if request.timeout is not None and not call.streaming:
-                    call.scope.deadline = anyio.current_time() + request.timeout
-            except Exception as exc:
-                await self._reply_exception(frames, call, exc)
-                return
-            await frames.send(Frame(Kind.ACK, call.id))
-            # Set in this call's own task: the routine (and tasks it starts) see them, nothing
-            # else does.
-            set_active(self.nested.dispatcher(request.origin, call.name))
-            if call.streaming:
-                await self._run_generator(frames, call, request.caller, body, args, kwargs)
-            else:
-                if call.inbox_send.statistics().current_buffer_used:  # sent before it loaded
-                    call.refuse("a step frame for a coroutine call")
-                set_running(RoutineTask(call.id, request.caller, call.name, call.scope.deadline))
-                _context.apply(values)
-                await self._run_coroutine(frames, call, values, body, args, kwargs)
-        if call.scope.cancelled_caught:
-            if call.protocol_error is not None:
-                await self._reply_exception(frames, call, FrameError(
-                    f"{call.protocol_error} ({call.name}); the call was ended"))
-            else:
-                await self._reply_cancelled(frames, call)
-
-    def _load_context(self, data: bytes | None, name: str) -> dict[str, Any] | None:
-        if data is None:
-            return None
-        values = serializer.loads_value(data, name, "the values of its context variables",
-                                        self._on)
-        if not isinstance(values, dict) or not all(isinstance(key, str) for key in values):
-            raise SerializationError(name, "the values of its context variables",
-                                     f"are not a dict by variable name{self._on}")
-        return values
-
-    async def _run_coroutine(
-        self,
-        frames: FrameStream,
-        call: _ServerCall,
-        values: dict[str, Any] | None,
-        body: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> None:
-        try:
-            value = await body(*args, **kwargs)
-        except BaseException as exc:
-            await self._reply_exception(frames, call, self._reportable(call, exc), values)
-            return
-        if await self._reply_value(frames, call, value, "the value it returned", values):
-            await frames.send(Frame(Kind.END, call.id))
-
-    async def _run_generator(
-        self,
-        frames: FrameStream,
-        call: _ServerCall,
-        caller: int | None,
-        body: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> None:
-        agen = body(*args, **kwargs)
-        try:
-            async for frame in call.inbox:
-                sent: Any = None
-                thrown: BaseException | None = None
-                try:
-                    step = envelope.decode_step(frame.payload)
-                    values = self._load_context(step.context, call.name)
-                    if frame.kind == Kind.ASEND:
-                        sent = serializer.loads_value(step.value, call.name,
-                                                      "the value sent to it", self._on)
-                    elif frame.kind == Kind.ATHROW:
-                        thrown = serializer.loads_exception(step.value)
-                except Exception as exc:
-                    await self._reply_exception(frames, call, exc)
-                    return
-                # Each step runs as a local one would: in the caller's context variables, under
-                # the caller's deadline at that step (none between steps).
-                _context.apply(values)
-                item: Any = None
-                ended = False
-                error: BaseException | None = None
-                with anyio.CancelScope() as step_scope:
-                    if step.timeout is not None:
-                        step_scope.deadline = anyio.current_time() + step.timeout
-                    set_running(RoutineTask(call.id, caller, call.name, step_scope.deadline))
-                    try:
-                        if thrown is not None:
-                            item = await agen.athrow(thrown)
-                        elif frame.kind == Kind.ASEND:
-                            item = await agen.asend(sent)
-                        else:
-                            await agen.aclose()
-                            ended = True
-                    except StopAsyncIteration:
-                        ended = True
-                    except BaseException as exc:
-                        error = self._reportable(call, exc)
-                if step_scope.cancelled_caught:  # the caller's deadline for this step passed
-                    await self._reply_cancelled(frames, call)
-                elif error is not None:
-                    await self._reply_exception(frames, call, error, values)
-                elif ended:
-                    await self._reply_end(frames, call, values)
-                elif await self._reply_value(frames, call, item, "the item it yielded", values):
-                    continue
-                return
-        finally:
-            # Cancelled between steps, or the client vanished: run the generator's finally now.
-            with anyio.CancelScope(shield=True), anyio.move_on_after(_REPLY_TIMEOUT * 5):
-                try:
-                    await agen.aclose()
-                except Exception:
-                    log.exception("closing async generator %s failed", call.name)
-
-    def _reportable(self, call: _ServerCall, exc: BaseException) -> BaseException:
-        """What to send the caller for ``exc``, which the routine raised; re-raises a
-        cancellation that a cancel scope here asked for (this call's, its connection's, the
-        worker's), which ends the call as cancelled.
-
-        An ``Exception`` goes as it is. Any other ``BaseException`` (``SystemExit``, a stray
-        cancellation nobody here asked for, ...) becomes :class:`RoutineAborted` with it as the
-        cause: re-raised in the caller, it would exit, interrupt or cancel it.
-        """
-        if isinstance(exc, Exception):
-            return exc
-        if isinstance(exc, anyio.get_cancelled_exc_class()) and (
-                call.scope.cancel_called or anyio.current_effective_deadline() == -math.inf):
-            raise exc
-        aborted = RoutineAborted(call.name, self.address, type(exc).__qualname__)
-        aborted.__cause__ = exc
-        return aborted
-
-    # -- replies -------------------------------------------------------------------------------
-
-    def _changes(self, call: _ServerCall, before: dict[str, Any] | None) -> bytes | None:
-        """What the routine changed in its context variables since ``before``, pickled.
-
-        :raises SerializationError: a changed value cannot be pickled.
-        """
-        changed = _context.changes(before)
-        return None if changed is None else serializer.dumps_context(changed, call.name,
-                                                                     self._on)
-
-    async def _reply_value(self, frames: FrameStream, call: _ServerCall, value: object,
-                           what: str, before: dict[str, Any] | None) -> bool:
-        try:
-            data = serializer.dumps_value(value, call.name, what, self._on)
-            changes = self._changes(call, before)
-        except SerializationError as error:  # whatever a value's __reduce__ did
-            await self._reply_exception(frames, call, error)
-            return False
-        payload = envelope.encode_reply(data, changes)
-        limit = payload_limit(frames.max_frame_size)
-        if len(payload) <= limit:
-            await frames.send(Frame(Kind.RESULT, call.id, payload))
-            return True
-        too_large = (f"the value produced by {call.name}"
-                     if len(envelope.encode_reply(data)) > limit
-                     else f"the context-variable values {call.name} set")
-        await self._reply_exception(frames, call, PayloadTooLarge(too_large, len(payload), limit))
-        return False
-
-    async def _reply_end(self, frames: FrameStream, call: _ServerCall,
-                         before: dict[str, Any] | None) -> None:
-        try:
-            changes = self._changes(call, before)
-        except SerializationError as error:
-            await self._reply_exception(frames, call, error)
-            return
-        payload = envelope.encode_end(changes)
-        limit = payload_limit(frames.max_frame_size)
-        if len(payload) <= limit:
-            await frames.send(Frame(Kind.END, call.id, payload))
-            return
-        await self._reply_exception(frames, call, PayloadTooLarge(
-            f"the context-variable values {call.name} set", len(payload), limit))
-
-    async def _reply_exception(self, frames: FrameStream, call: _ServerCall, exc: BaseException,
-                               before: dict[str, Any] | None | _Untracked = _UNTRACKED
-                               ) -> None:
-        """Send ``exc`` as the call's end, with the context variables the routine changed
-        since ``before`` (when it ran at all: a call that failed before running has none).
-
-        What does not fit one frame is dropped, the least first: the changes (a note on the
-        exception says so), then the exception itself (a ``RuntimeError`` naming it instead).
-        """
-        changes = None
-        if not isinstance(before, _Untracked):
-            try:
-                changes = self._changes(call, before)
-            except SerializationError as error:
-                exc.add_note(f"(its context-variable changes were lost: {error})")
-        limit = payload_limit(frames.max_frame_size)
-        data = serializer.dumps_exception(exc)
-        if changes is not None and len(envelope.encode_reply(data, changes)) > limit:
-            exc.add_note(f"(its context-variable changes were lost: {len(changes)} bytes do "
-                         "not fit one frame)")
-            data, changes = serializer.dumps_exception(exc), None
-        if len(envelope.encode_reply(data)) > limit:
-            data = serializer.dumps_exception(RuntimeError(
-                f"{type(exc).__name__}: {str(exc)[:1000]} (too large to send)"))
-        await frames.send(Frame(Kind.EXCEPTION, call.id, envelope.encode_reply(data, changes)))
-
-    async def _reply_cancelled(self, frames: FrameStream, call: _ServerCall) -> None:
-        try:
-            await self._reply_exception(frames, call, RoutineCancelled(call.name, self.address))
-        except PEER_GONE:
-            pass  # the client is gone; nobody to tell
-
-    # -- control -------------------------------------------------------------------------------
-
-    async def watch_stdin(self) -> None:
-        """Read stop requests from the parent's pipe (:attr:`control`); at EOF, stop now."""
-        buffer = b""
-        while True:
-            try:
-                await anyio.wait_readable(self.control)
-            except OSError:  # not pollable (a file, /dev/null: run by hand); reads never block
-                await anyio.lowlevel.checkpoint()
-            chunk = os.read(self.control, 4096)
-            if not chunk:
-                self.stop.request(0)
-                return
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                words = line.decode(errors="replace").split()
-                if len(words) == 2 and words[0] == "stop":
-                    try:
-                        self.stop.request(float(words[1]))
-                    except ValueError:
-                        log.warning("ignoring malformed control line %r", line)
-                elif words:
-                    log.warning("ignoring unknown control line %r", line)
-
-    async def watch_parent(self, pidfd: int) -> None:
-        """Stop now, as at EOF on stdin, once the parent's pidfd says it has exited: also
-        when another process holds the write end of our stdin, which then never hangs up."""
-        await anyio.wait_readable(pidfd)
-        self.stop.request(0)
-
-    async def watch_signals(self) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for signum in signals:
-                self.stop.request(0 if signum == signal.SIGTERM else -1)
 
 
 async def _open_listener(
@@ -628,27 +113,6 @@ def _exit_when_orphaned(control: int, cleanup: Callable[[], None]) -> None:
         cleanup()
     finally:
         os._exit(_ORPHANED_EXIT_CODE)
-
-
-async def _half_close(frames: FrameStream) -> None:
-    try:
-        await frames.send_eof()
-    except PEER_GONE:
-        pass  # the client is gone already
-
-
-async def _refuse(frames: FrameStream, call_id: int) -> None:
-    try:
-        await frames.send(Frame(Kind.NACK, call_id))
-    except PEER_GONE:
-        pass  # half-closed or gone: the client reads end-of-stream, "not delivered", instead
-
-
-async def _send_room(frames: FrameStream) -> None:
-    try:
-        await frames.send(Frame(Kind.ROOM, 0))
-    except PEER_GONE:
-        pass
 
 
 async def _accept(listener: SocketListener,
@@ -704,7 +168,7 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
                          name="anywool-orphan-watchdog").start()
     try:
         async with anyio.create_task_group() as main_tg:
-            worker = _Worker(str(announced), NestedProxies(main_tg, idle_timeout, str(announced)),
+            worker = Server(str(announced), NestedProxies(main_tg, idle_timeout, str(announced)),
                              max_concurrency, control)
             main_tg.start_soon(worker.watch_stdin)
             if lifeline is not None:
@@ -720,13 +184,13 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
                 await worker.stop.drain()
                 with anyio.CancelScope(shield=True):
                     await listener.aclose()  # stop accepting
-                await worker.cancel_calls(_REPLY_TIMEOUT)
+                await worker.cancel_calls(REPLY_TIMEOUT)
                 # Before the connections: a proxy connected to this worker hangs up itself.
-                with anyio.move_on_after(_LINGER):
+                with anyio.move_on_after(LINGER):
                     await worker.nested.close()
                 # Half-close, so that clients end their streams themselves: a receive that is
                 # cancelled rather than ended can make asyncio report InvalidStateError.
-                await worker.close_connections(_LINGER)
+                await worker.close_connections(LINGER)
                 serving.cancel_scope.cancel()
             main_tg.cancel_scope.cancel()
     finally:
