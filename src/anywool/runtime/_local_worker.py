@@ -4,7 +4,9 @@ The child is ``python -m anywool.worker`` started with :func:`anyio.open_process
 directory and with our ``sys.path``, so routines defined in our modules (and ``__main__``, which
 cloudpickle sends by value) run there. Its stdin is a pipe we hold open for its whole life: a
 stop request is a line on it, and if we die (even by SIGKILL) the pipe closes and the worker
-stops by itself. So a worker never outlives its parent.
+stops by itself; it also watches our pid (``$ANYWOOL_WORKER_PARENT_PID``), and its lifeline
+kills it if it does not stop (see :mod:`anywool.runtime._lifeline`). So a worker never outlives
+its parent.
 
 What this module must never do: leave a process unreaped, or a socket file behind.
 """
