@@ -49,6 +49,13 @@ _T = TypeVar("_T")
 GRACE = 5.0
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Before xdist starts its workers and before any thread: see tests/netns.py.
+    from tests import netns
+
+    netns.enter()
+
+
 @pytest.fixture(scope="module", params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return request.param

@@ -11,6 +11,7 @@ from __future__ import annotations
 from uuid import UUID
 
 __all__ = [
+    "AuthenticationError",
     "DiscoveryBlockExhausted",
     "DiscoveryCapacityExhausted",
     "DiscoveryError",
@@ -18,6 +19,7 @@ __all__ = [
     "DiscoveryNamespaceNotFound",
     "DiscoveryRegistryCorrupt",
     "DiscoveryWorkerNotFound",
+    "LoopbackAdvertisementWarning",
     "NoWorkersAvailable",
     "PayloadTooLarge",
     "RoutineAborted",
@@ -173,6 +175,25 @@ class WorkerError(WoolError):
 
     def __str__(self) -> str:
         return f"worker {self.address}: {self.reason}"
+
+
+class AuthenticationError(WorkerError):
+    """A worker connection failed peer authentication, on either side.
+
+    Raised by the client when the worker rejected its credentials (it hung up during the
+    handshake) or could not prove its own (wrong HMAC proof, a TLS certificate that does not
+    verify). Nothing was unpickled on either side: authentication ends before the first frame.
+
+    :param address: the worker's address (``"host:port"``).
+    :param reason: what failed, in words.
+    """
+
+    def __str__(self) -> str:
+        return f"worker {self.address}: authentication failed: {self.reason}"
+
+
+class LoopbackAdvertisementWarning(UserWarning):
+    """A worker was announced to a LAN with a loopback address, which no other host can reach."""
 
 
 class RoutineCancelled(WoolError):
