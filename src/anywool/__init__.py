@@ -12,6 +12,7 @@ from anywool.discovery import (
     afilter,
 )
 from anywool.errors import (
+    AuthenticationError,
     DiscoveryBlockExhausted,
     DiscoveryCapacityExhausted,
     DiscoveryError,
@@ -19,6 +20,7 @@ from anywool.errors import (
     DiscoveryNamespaceNotFound,
     DiscoveryRegistryCorrupt,
     DiscoveryWorkerNotFound,
+    LoopbackAdvertisementWarning,
     NoWorkersAvailable,
     PayloadTooLarge,
     RoutineAborted,
@@ -33,6 +35,7 @@ from anywool.runtime import (
     Factory,
     LoadBalancerLike,
     LocalWorker,
+    MutualTLS,
     RoundRobinLoadBalancer,
     RoutineTask,
     SerializationWarning,
@@ -46,6 +49,7 @@ from anywool.runtime import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AuthenticationError",
     "ContextVar",
     "Discovery",
     "DiscoveryBlockExhausted",
@@ -64,6 +68,8 @@ __all__ = [
     "LoadBalancerLike",
     "LocalDiscovery",
     "LocalWorker",
+    "LoopbackAdvertisementWarning",
+    "MutualTLS",
     "NoWorkersAvailable",
     "PayloadTooLarge",
     "PredicateFunction",

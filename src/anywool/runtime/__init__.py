@@ -1,5 +1,6 @@
 """The worker runtime: routines, the wire protocol, workers, proxies and pools."""
 
+from anywool.runtime._auth import MutualTLS
 from anywool.runtime._context import ContextVar
 from anywool.runtime._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
 from anywool.runtime._local_worker import LocalWorker
@@ -14,6 +15,7 @@ __all__ = [
     "Factory",
     "LoadBalancerLike",
     "LocalWorker",
+    "MutualTLS",
     "RoundRobinLoadBalancer",
     "RoutineTask",
     "SerializationWarning",

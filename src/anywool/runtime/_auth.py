@@ -260,6 +260,18 @@ def _context(tls: MutualTLS, server_side: bool) -> ssl.SSLContext:
 # -- credentials -------------------------------------------------------------------------------
 
 
+_process_tls: MutualTLS | None = None
+
+
+def set_process_tls(tls: MutualTLS | None) -> None:
+    """Make ``tls`` this process's own mutual TLS, which :meth:`Credentials.resolve` takes when
+    given none: a worker started with TLS sets it, so that the proxies its routines' nested
+    calls go through (rebuilt from pickles, which carry no credentials) present its
+    certificate."""
+    global _process_tls
+    _process_tls = tls
+
+
 @dataclass(frozen=True, eq=False, repr=False)
 class Credentials:
     """What a side of a worker connection authenticates with: a shared secret, mutual TLS, or
@@ -306,6 +318,8 @@ class Credentials:
         """
         if tls is not None and not isinstance(tls, MutualTLS):
             raise TypeError(f"tls must be a MutualTLS or None, got {type(tls).__name__}")
+        if tls is None:
+            tls = _process_tls
         key = _secret.resolve(secret, parameter)
         if key is None and tls is None:
             return None

@@ -26,8 +26,9 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from anywool._address import Address
 from anywool._owner import SingleUse, exit_task_group
-from anywool.errors import PayloadTooLarge, SerializationError, WorkerError
-from anywool.runtime import _context
+from anywool import _secret
+from anywool.errors import AuthenticationError, PayloadTooLarge, SerializationError, WorkerError
+from anywool.runtime import _auth, _context
 from anywool.runtime import _envelope as envelope
 from anywool.runtime import _serializer as serializer
 from anywool.runtime._envelope import CallRequest, Origin, Step
@@ -88,9 +89,13 @@ class WorkerConnection(SingleUse):
     :param origin: returns what calls made here carry as their origin: the key and pickle of
         the proxy that routines running for them dispatch their own calls through (``None``:
         no proxy; such routines cannot call routines).
+    :param credentials: what to authenticate with to a TCP worker (see
+        :mod:`anywool.runtime._auth`); unused for a Unix socket.
 
     Entering raises :class:`~anywool.errors.WorkerError` when the worker cannot be reached within
-    ``connect_timeout``; ``RuntimeError`` on a second entry. Exiting closes the stream and fails
+    ``connect_timeout``, :class:`~anywool.errors.AuthenticationError` when a TCP worker and
+    this side do not authenticate each other (or there are no credentials to do it with), and
+    ``RuntimeError`` on a second entry. Exiting closes the stream and fails
     every pending call with :class:`~anywool.errors.WorkerError`; it is shielded, bounded and
     never raises.
     """
@@ -106,8 +111,10 @@ class WorkerConnection(SingleUse):
         on_room: Callable[[], object] | None = None,
         on_accepted: Callable[[], object] | None = None,
         origin: Callable[[], Origin | None] | None = None,
+        credentials: _auth.Credentials | None = None,
     ) -> None:
         self.address = address
+        self._credentials = credentials
         self._connect_timeout = connect_timeout
         self._cancel_timeout = cancel_timeout
         self._max_frame_size = max_frame_size
@@ -140,8 +147,12 @@ class WorkerConnection(SingleUse):
     async def __aenter__(self) -> WorkerConnection:
         self._enter_once()
         try:
+            address = Address.parse(self.address)
             with anyio.fail_after(self._connect_timeout):
-                self._stream = await connect_stream(Address.parse(self.address))
+                stream = await connect_stream(address)
+            if not address.is_unix:
+                stream = await self._authenticate(stream, address)
+            self._stream = stream
         except TimeoutError:
             raise WorkerError(
                 self.address, f"could not connect within {self._connect_timeout} seconds"
@@ -154,6 +165,18 @@ class WorkerConnection(SingleUse):
         self._reader_done = anyio.Event()
         task_group.start_soon(self._read, name=f"anywool-reader-{self.address}")
         return self
+
+    async def _authenticate(self, stream: ByteStream, address: Address) -> ByteStream:
+        """The stream to frame over, once this side and the worker authenticated each other
+        (closed on any failure)."""
+        if self._credentials is None:
+            await anyio.aclose_forcefully(stream)
+            raise AuthenticationError(
+                self.address, "no credentials: a TCP worker accepts only peers that "
+                f"authenticate; pass secret= (or set ${_secret.ENV}) or tls= to the pool or "
+                "proxy")
+        return await _auth.authenticate_client(stream, self._credentials, address=self.address,
+                                               server_hostname=address.host)
 
     async def __aexit__(
         self,

@@ -28,13 +28,13 @@ import anyio
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from anywool import _validate
+from anywool import _secret, _validate
 from anywool._address import Address
 from anywool._owner import SingleUse
 from anywool._teardown import graceful_then_forceful
 from anywool.errors import WorkerError
 from anywool.metadata import WorkerMetadata
-from anywool.runtime import _socket_dir
+from anywool.runtime import _auth, _socket_dir
 from anywool.runtime._peer import PEER_GONE
 from anywool.runtime._worker import MAX_CONCURRENCY, PARENT_PID_ENV, SYS_PATH_ENV
 
@@ -66,6 +66,31 @@ def _version() -> str:
         return "0+unknown"
 
 
+def tcp_endpoint(host: object, secret: object, tls: object
+                 ) -> tuple[Address | None, _auth.Credentials | None]:
+    """The TCP address to bind (port 0) for ``host`` and the credentials (``None`` for a Unix
+    socket, where credentials are still resolved if given, for the proxy's TCP workers).
+
+    :raises TypeError: ``host`` is not a ``str``; ``secret`` or ``tls`` has the wrong type.
+    :raises ValueError: ``host`` is not a host name or IP address, or TCP has no credentials.
+    """
+    credentials = _auth.Credentials.resolve(secret, tls)  # type: ignore[arg-type]
+    if host is None:
+        return None, credentials
+    if not isinstance(host, str):
+        raise TypeError(f"host must be a str (a host name or IP address), got {host!r}")
+    try:
+        bind = Address.tcp(host or "0.0.0.0", 0)
+    except ValueError as exc:
+        raise ValueError(f"host must be a host name or IP address, got {host!r}: {exc}") from None
+    if credentials is None:
+        raise ValueError(
+            f"host={host!r} makes workers listen on TCP, where any peer could send code: pass "
+            f"secret= (bytes or str, at least {_secret.MIN_LENGTH} bytes; or set "
+            f"${_secret.ENV}) or tls=anywool.MutualTLS(certfile, keyfile, cafile=...)")
+    return bind, credentials
+
+
 class LocalWorker(SingleUse):
     """A worker process on this host, alive for the duration of an ``async with`` block.
 
@@ -79,6 +104,18 @@ class LocalWorker(SingleUse):
     :param max_concurrency: the most calls the worker runs at once (``int`` ≥ 1; ``None``: no
         bound). A call beyond it is refused before it runs, and a proxy tries another worker
         or waits for room.
+    :param host: listen on TCP at this address, on a port the system picks (``None``: a Unix
+        socket in the runtime directory, for this user only). ``"0.0.0.0"`` or ``"::"`` binds
+        every interface and announces a routable address of this host. TCP requires
+        credentials.
+    :param secret: the shared secret TCP peers authenticate with, ``bytes`` or ``str`` of at
+        least 16 bytes (``None``: ``$ANYWOOL_SECRET``, if set). Handed to the worker in its
+        environment, never on its command line.
+    :param tls: mutual TLS for TCP peers (:class:`~anywool.MutualTLS`), instead of or besides
+        the secret.
+    :raises ValueError: ``host`` is given without any credentials (the message says what to
+        pass), or an argument is out of range.
+    :raises TypeError: an argument has the wrong type.
 
     Entering raises :class:`~anywool.errors.WorkerError` when the process does not start or
     report its address within ``startup_timeout`` (the process is killed and reaped first), and
@@ -97,8 +134,12 @@ class LocalWorker(SingleUse):
         startup_timeout: float = 30.0,
         shutdown_timeout: float = 10.0,
         max_concurrency: int | None = None,
+        host: str | None = None,
+        secret: bytes | str | None = None,
+        tls: _auth.MutualTLS | None = None,
     ) -> None:
         self._backend = _validate.backend(backend)
+        self._bind, self._credentials = tcp_endpoint(host, secret, tls)
         self._tags = _validate.tag_set("tags", tags)
         self._extra = dict(extra or {})
         self._startup_timeout = _validate.duration("startup_timeout", startup_timeout,
@@ -139,13 +180,26 @@ class LocalWorker(SingleUse):
         env["PYTHONPATH"] = os.pathsep.join(
             [package_root, *filter(None, [env.get("PYTHONPATH")])]
         )
-        try:
-            # Chosen here, so that whatever happens to the worker its directory can be removed.
-            self._home = _socket_dir.choose()
-        except OSError as exc:
-            raise WorkerError("unstarted", str(exc)) from exc
-        command = [sys.executable, "-m", "anywool.worker", "--backend", backend,
-                   "--home", str(self._home)]
+        command = [sys.executable, "-m", "anywool.worker", "--backend", backend]
+        if self._bind is None:
+            try:
+                # Chosen here, so that whatever happens to the worker its directory can be
+                # removed.
+                self._home = _socket_dir.choose()
+            except OSError as exc:
+                raise WorkerError("unstarted", str(exc)) from exc
+            command += ["--home", str(self._home)]
+        else:
+            command += ["--address", str(self._bind)]
+        credentials = self._credentials
+        if credentials is not None:
+            env.pop(_secret.ENV, None)  # the worker takes exactly the pool's credentials
+            env.update(_secret.for_child(credentials.secret))
+            if credentials.tls is not None:
+                tls = credentials.tls
+                command += ["--tls-cert", tls.certfile, "--tls-ca", tls.cafile]
+                if tls.keyfile is not None:
+                    command += ["--tls-key", tls.keyfile]
         if self._max_concurrency is not None:
             command += ["--max-concurrency", str(self._max_concurrency)]
         try:
@@ -164,6 +218,7 @@ class LocalWorker(SingleUse):
                 version=_version(),
                 tags=self._tags,
                 extra=self._extra,
+                secure=self._bind is not None,
             )
         except BaseException:
             self._process = None

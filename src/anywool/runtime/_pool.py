@@ -37,7 +37,8 @@ from anywool._owner import SingleUse, exit_task_group
 from anywool._teardown import Budget, ExitWithin
 from anywool.discovery import DiscoveryLike, DiscoveryPublisherLike, DiscoverySubscriberLike
 from anywool.runtime._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
-from anywool.runtime._local_worker import LocalWorker, current_backend
+from anywool.runtime._auth import MutualTLS
+from anywool.runtime._local_worker import LocalWorker, current_backend, tcp_endpoint
 from anywool.runtime._worker import MAX_CONCURRENCY
 from anywool.runtime._proxy import WorkerProxy
 from anywool.runtime._resolve import expected_names, is_factory, resolved
@@ -127,10 +128,24 @@ class WorkerPool(SingleUse):
     :param max_concurrency: the most calls each spawned worker runs at once (``int`` ≥ 1;
         ``None``: no bound). A worker at its bound refuses a call before running it; the call
         goes to another worker, or waits until one has room.
+    :param host: spawned workers listen on TCP at this address (a port each, chosen by the
+        system) instead of a Unix socket: ``"127.0.0.1"`` for this host only, ``"0.0.0.0"`` for
+        every interface (a routable address of this host is announced). TCP requires
+        ``secret`` or ``tls``.
+    :param secret: the shared secret for TCP workers, ``bytes`` or ``str`` of at least 16 bytes
+        (``None``: ``$ANYWOOL_SECRET``, if set): spawned workers require it of every peer, and
+        the proxy authenticates with it to every TCP worker it finds (a mutual HMAC
+        challenge-response; the secret never crosses the wire).
+    :param tls: mutual TLS (:class:`~anywool.MutualTLS`) for TCP workers, instead of or
+        besides the secret.
     :raises TypeError: an argument has the wrong type, e.g. a ``discovery`` or ``loadbalancer``
         that is neither a protocol instance nor a Factory form, or a bare subscriber given to a
         spawning pool (checked at construction where the value says so, else at entry).
-    :raises ValueError: an argument is out of range (the message names it and its value).
+    :raises ValueError: an argument is out of range (the message names it and its value), or
+        ``host`` is given without credentials or to a pool that spawns nothing.
+
+    A TCP worker that rejects the pool's credentials (or has none to check) is not used; when
+    no other worker is, dispatching raises its :class:`~anywool.errors.AuthenticationError`.
 
     Entering raises ``TypeError`` naming the accepted protocols when ``discovery`` or
     ``loadbalancer`` resolves to something else, ``RuntimeError`` on a second entry,
@@ -168,8 +183,16 @@ class WorkerPool(SingleUse):
         shutdown_timeout: float = 10.0,
         announce_timeout: float = 5.0,
         max_concurrency: int | None = None,
+        host: str | None = None,
+        secret: bytes | str | None = None,
+        tls: MutualTLS | None = None,
     ) -> None:
         self._spawn = None if spawn is None else _validate.count("spawn", spawn, upper=MAX_SPAWN)
+        if host is not None and spawn is None and discovery is not None:
+            raise ValueError(f"host={host!r} is where spawned workers listen, but this pool "
+                             "spawns none (pass spawn=N)")
+        self._bind, self._credentials = tcp_endpoint(host, secret, tls)
+        self._host = host
         if discovery is not None and not is_factory(discovery):
             accepts = _SPAWNING_ACCEPTS if self._spawn is not None else _DURABLE_ACCEPTS
             if not isinstance(discovery, accepts):
@@ -326,6 +349,8 @@ class WorkerPool(SingleUse):
             quorum=self._quorum,
             quorum_timeout=self._quorum_timeout,
             lease=self._lease,
+            secret=None if self._credentials is None else self._credentials.secret,
+            tls=None if self._credentials is None else self._credentials.tls,
         )
         self._proxy._set_own(self._own)
         await stack.enter_async_context(self._proxy)
@@ -366,9 +391,12 @@ class WorkerPool(SingleUse):
         started = False
         start_failures = 0
         while not (self._stopping.is_set() or self._exiting):
+            credentials = self._credentials
             worker = LocalWorker(backend=backend, tags=tags, startup_timeout=self._startup_timeout,
                                  shutdown_timeout=self._shutdown_timeout,
-                                 max_concurrency=self._max_concurrency)
+                                 max_concurrency=self._max_concurrency, host=self._host,
+                                 secret=None if credentials is None else credentials.secret,
+                                 tls=None if credentials is None else credentials.tls)
             try:
                 async with worker:
                     born = anyio.current_time()

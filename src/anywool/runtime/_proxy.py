@@ -29,8 +29,9 @@ from anyio.abc import TaskGroup
 from anywool import _validate
 from anywool._owner import SingleUse, exit_task_group
 from anywool.discovery import DiscoveryEvent, DiscoverySubscriberLike, afilter
-from anywool.errors import NoWorkersAvailable, WorkerError
+from anywool.errors import AuthenticationError, NoWorkersAvailable, WorkerError
 from anywool.metadata import WorkerMetadata
+from anywool.runtime import _auth
 from anywool.runtime import _serializer as serializer
 from anywool.runtime._connection import WorkerBusy, WorkerConnection, _Call, drive_stream
 from anywool.runtime._envelope import Origin
@@ -133,10 +134,20 @@ class WorkerProxy(SingleUse):
         over the lease waits its turn and is admitted when an admitted one leaves.
     :param connect_timeout: seconds (> 0) allowed to connect to one worker.
     :param cancel_timeout: seconds (> 0) a cancelled call waits for its routine to unwind.
+    :param secret: the shared secret to authenticate with to TCP workers, ``bytes`` or ``str``
+        of at least 16 bytes (``None``: this process's own: ``$ANYWOOL_SECRET``, or on a worker
+        the one its pool handed it).
+    :param tls: mutual TLS (:class:`~anywool.MutualTLS`) for TCP workers (``None``: on a
+        worker, its own).
     :raises TypeError: ``discovery`` is a class, a callable, or neither a subscriber nor a
         ``str``; ``uri_tags`` are given with a subscriber or are not ``str``; ``loadbalancer``
         is not a ``LoadBalancerLike`` instance; ``tags`` is a ``str``; a count is not an ``int``.
-    :raises ValueError: a timeout or count is out of range.
+    :raises ValueError: a timeout or count is out of range, or ``secret`` is too short.
+
+    A TCP worker is used only once both sides have authenticated (see
+    :mod:`anywool.runtime._auth`); one that fails is retried with backoff while it is
+    announced. When every admitted worker failed authentication and none is connected, a
+    dispatch raises the latest :class:`~anywool.errors.AuthenticationError` at once.
 
     Entering raises ``RuntimeError`` on a second entry; with ``lazy=False`` it raises the
     subscriber's error (e.g. :class:`~anywool.errors.DiscoveryNamespaceNotFound`) as soon as the
@@ -148,7 +159,8 @@ class WorkerProxy(SingleUse):
 
     A proxy pickles as its constructor call (so a routine can carry it to a worker), unless its
     subscriber is a context manager: that raises ``TypeError`` naming ``discovery``, since a
-    context manager's lifetime cannot travel.
+    context manager's lifetime cannot travel. Its credentials never travel: the proxy rebuilt
+    on a worker authenticates with that worker's own.
     """
 
     def __init__(
@@ -164,6 +176,8 @@ class WorkerProxy(SingleUse):
         lease: int | None = None,
         connect_timeout: float = 10.0,
         cancel_timeout: float = 5.0,
+        secret: bytes | str | None = None,
+        tls: _auth.MutualTLS | None = None,
     ) -> None:
         self._uri: str | None = None
         self._uri_tags = _validate.tag_set("uri_tags", uri_tags)
@@ -201,6 +215,7 @@ class WorkerProxy(SingleUse):
                                                    allow_zero=False)
         self._cancel_timeout = _validate.duration("cancel_timeout", cancel_timeout,
                                                   allow_zero=False)
+        self._credentials = _auth.Credentials.resolve(secret, tls)
         self._active = False
         self._task_group: TaskGroup | None = None
         self._token: Any = None
@@ -211,6 +226,8 @@ class WorkerProxy(SingleUse):
         self._ready: dict[UUID, tuple[WorkerMetadata, WorkerConnection]] = {}
         self._ready_list: list[tuple[WorkerMetadata, WorkerConnection]] = []
         self._connecting = 0  # admitted workers whose first connection attempt is under way
+        # Admitted workers whose latest connection failed authentication, and with what.
+        self._rejected: dict[UUID, AuthenticationError] = {}
         self._quorum_met = False
         self._discovery_ended = False
         self._failure: BaseException | None = None
@@ -401,6 +418,7 @@ class WorkerProxy(SingleUse):
                     on_room=self._on_room,
                     on_accepted=self._on_accepted,
                     origin=self._origin,
+                    credentials=self._credentials,
                 )
                 try:
                     async with connection:
@@ -408,6 +426,7 @@ class WorkerProxy(SingleUse):
                             first = False
                             self._connecting -= 1
                         failures = 0
+                        self._rejected.pop(uid, None)
                         self._ready[uid] = (admitted.metadata, connection)
                         self._notify()
                         await wakeup.wait()
@@ -421,6 +440,10 @@ class WorkerProxy(SingleUse):
                             # (a stopping worker drains them): closing now would fail them.
                             self._unready(uid, connection)
                             await connection.wait_idle()
+                except AuthenticationError as exc:
+                    self._rejected[uid] = exc
+                    (log.warning if failures == 0 else log.debug)(
+                        "could not use worker %s: %s", address, exc)
                 except WorkerError as exc:
                     (log.warning if failures == 0 else log.debug)(
                         "could not use worker %s: %s", address, exc)
@@ -445,6 +468,7 @@ class WorkerProxy(SingleUse):
                 with anyio.move_on_after(delay):
                     await admitted.wakeup.wait()
         finally:
+            self._rejected.pop(uid, None)
             if self._admitted.get(uid) is admitted:
                 del self._admitted[uid]
                 self._admit_waiting()
@@ -462,6 +486,8 @@ class WorkerProxy(SingleUse):
             while len(self._ready) < need and self._failure is None and self._active:
                 if self._discovery_ended and not self._connecting:
                     break
+                if self._all_rejected():
+                    break
                 await self._changed.wait()
         if self._failure is not None:
             raise self._failure
@@ -475,6 +501,11 @@ class WorkerProxy(SingleUse):
                         await self._changed.wait()
             self._quorum_met = True
             return
+        if self._all_rejected() or (not connected and self._rejected):
+            # The workers there are refuse our credentials (or we have none): say so, rather
+            # than that there are none.
+            latest = next(reversed(self._rejected.values()))
+            raise AuthenticationError(*latest.args)  # a fresh one: raised by every dispatch
         if at_entry:
             raise TimeoutError(
                 f"{connected} of the quorum of {need} workers connected within "
@@ -490,6 +521,12 @@ class WorkerProxy(SingleUse):
         raise NoWorkersAvailable(
             f"no admitted worker connected within {self._quorum_timeout} seconds"
         )
+
+    def _all_rejected(self) -> bool:
+        """Whether every admitted worker failed authentication and none is still connecting:
+        waiting longer would only wait for the same answer."""
+        return (not self._connecting and not self._ready and bool(self._admitted)
+                and self._admitted.keys() <= self._rejected.keys())
 
     def _inactive(self) -> RuntimeError:
         if self._entered:

@@ -213,7 +213,20 @@ class FrameStream:
         if not isinstance(stream, ByteStream):
             raise TypeError(f"cannot half-close {stream!r}: not a ByteStream")
         async with self._send_lock:
-            await stream.send_eof()
+            try:
+                await stream.send_eof()
+            except NotImplementedError:
+                # A TLS stream cannot half-close (TLS 1.2 has no half-close; anyio implements
+                # none for 1.3): shut down the socket's send side under it. The peer reads a
+                # ragged end-of-stream, which a stream wrapped with standard_compatible=False
+                # reports as its end.
+                raw = stream.extra(SocketAttribute.raw_socket, None)
+                if raw is None:
+                    raise
+                try:
+                    raw.shutdown(socket.SHUT_WR)
+                except OSError as exc:
+                    raise anyio.BrokenResourceError from exc
 
     async def receive(self) -> Frame:
         """Read the next frame.

@@ -3,11 +3,14 @@
 It runs its own event loop on the requested backend, listens on a Unix socket in a directory of
 its own inside the runtime directory (``0600`` socket in ``0700`` directories: only the same user
 can dispatch; the directory is locked for the worker's life, see
-:mod:`anywool.runtime._socket_dir`), and prints
-its address as one line on stdout. TCP is refused until peer authentication exists: a frame is
-pickled code, so an unauthenticated TCP listener would run anyone's code. Everything it
-prints afterwards (including routines' ``print``) goes to stderr, so the pipe its parent reads
-can never fill up and block it.
+:mod:`anywool.runtime._socket_dir`), or on TCP (``--address host:port``, port ``0`` for any),
+and prints its address as one line on stdout. A frame is pickled code, so a TCP listener
+authenticates every peer before it reads a frame (:mod:`anywool.runtime._auth`), with the secret
+its parent handed it (or ``$ANYWOOL_SECRET``) and/or mutual TLS (``--tls-cert``, ``--tls-key``,
+``--tls-ca``); without credentials it refuses to listen on TCP. Bound to the wildcard
+(``0.0.0.0`` or ``::``) it announces a routable address of this host
+(:func:`anywool._interfaces.routable_host`). Everything it prints afterwards (including routines'
+``print``) goes to stderr, so the pipe its parent reads can never fill up and block it.
 
 Calls run concurrently, served by :class:`~anywool.runtime._server.Server`; a connection that
 closes cancels its calls. The worker stops:
@@ -49,14 +52,17 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
-from anyio.abc import ByteStream, SocketListener, TaskGroup
+from anyio.abc import ByteStream, Listener, SocketAttribute, SocketListener, TaskGroup
+from anyio.streams.stapled import MultiListener
 
+from anywool import _interfaces, _secret
 from anywool._address import Address
 from anywool._errno import exhausted
-from anywool.runtime import _lifeline, _socket_dir
+from anywool.errors import AuthenticationError
+from anywool.runtime import _auth, _lifeline, _socket_dir
 from anywool.runtime._nested import NestedProxies, idle_timeout_from_environment
 from anywool.runtime._server import LINGER, REPLY_TIMEOUT, Server
 
@@ -77,7 +83,7 @@ _ORPHANED_EXIT_CODE = 70
 
 async def _open_listener(
     address: Address | None, home: Path | None
-) -> tuple[SocketListener, Address, _socket_dir.Home | None, Path | None]:
+) -> tuple[Listener[ByteStream], Address, _socket_dir.Home | None, Path | None]:
     """(listener, announced address, the socket's locked home if any, a bare socket path)."""
     if address is None:
         owned = _socket_dir.Home(home or _socket_dir.choose())
@@ -91,11 +97,13 @@ async def _open_listener(
         path = Path(address.path)
         listener = await anyio.create_unix_listener(path, mode=0o600)
         return listener, address, None, path
-    raise SystemExit(
-        f"anywool.worker: refusing to listen on {str(address)!r}: TCP listeners need peer "
-        "authentication (mutual TLS or an HMAC challenge), which is not implemented yet; "
-        "use a unix: address"
-    )
+    assert address.host is not None and address.port is not None
+    host = address.host
+    tcp = await anyio.create_tcp_listener(local_host=host, local_port=address.port)
+    port = tcp.extra(SocketAttribute.local_port)
+    if host in _interfaces.WILDCARDS:
+        host = _interfaces.routable_host(host)
+    return tcp, Address.tcp(host, port), None, None
 
 
 def _exit_when_orphaned(control: int, cleanup: Callable[[], None]) -> None:
@@ -113,6 +121,32 @@ def _exit_when_orphaned(control: int, cleanup: Callable[[], None]) -> None:
         cleanup()
     finally:
         os._exit(_ORPHANED_EXIT_CODE)
+
+
+def _sockets(listener: Listener[ByteStream]) -> list[SocketListener]:
+    """The socket listeners behind ``listener``: a TCP host name may resolve to several
+    addresses, one listener each (anyio's ``MultiListener``)."""
+    if isinstance(listener, MultiListener):
+        return [cast(SocketListener, one) for one in listener.listeners]
+    return [cast(SocketListener, listener)]
+
+
+def _authenticated(handler: Callable[[ByteStream], Coroutine[Any, Any, None]],
+                   credentials: _auth.Credentials
+                   ) -> Callable[[ByteStream], Coroutine[Any, Any, None]]:
+    """``handler`` for the streams whose peer authenticates; the others are closed before any
+    of their frames is read."""
+
+    async def handle(stream: ByteStream) -> None:
+        try:
+            stream = await _auth.authenticate_server(stream, credentials)
+        except AuthenticationError as exc:
+            log.warning("refused a connection: %s", exc)
+            await anyio.aclose_forcefully(stream)
+            return
+        await handler(stream)
+
+    return handle
 
 
 async def _accept(listener: SocketListener,
@@ -144,9 +178,12 @@ async def _accept(listener: SocketListener,
 
 async def serve(address: Address | None = None, home: Path | None = None, *,
                 max_concurrency: int | None = None,
+                credentials: _auth.Credentials | None = None,
                 lifeline: _lifeline.Lifeline | None = None, control: int = 0) -> None:
     """Listen, announce the address on stdout, serve until stopped, clean up.
 
+    :param credentials: what a TCP peer must authenticate with (required for TCP; unused on a
+        Unix socket, where the file's mode admits the same user only).
     :param max_concurrency: the most calls run at once (``None``: no bound); a call beyond it
         is refused before it runs.
     :param lifeline: the sidecar watching our parent, whose pidfd we watch too; ``None``: a
@@ -175,7 +212,12 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
                 main_tg.start_soon(worker.watch_parent, lifeline.parent)
             main_tg.start_soon(worker.watch_signals)
             async with anyio.create_task_group() as serving:
-                serving.start_soon(_accept, listener, worker.handle, serving)
+                handler = worker.handle
+                if not announced.is_unix:
+                    assert credentials is not None
+                    handler = _authenticated(handler, credentials)
+                for one in _sockets(listener):
+                    serving.start_soon(_accept, one, handler, serving)
                 sys.stdout.write(f"{announced}\n")
                 sys.stdout.flush()
                 os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # later output → stderr
@@ -257,14 +299,49 @@ def _bind_address(text: str) -> Address:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _credentials(parser: argparse.ArgumentParser,
+                 options: argparse.Namespace) -> _auth.Credentials | None:
+    """The worker's credentials, also made its process's own (for the proxies its routines'
+    nested calls go through); exits with a usage error when they are invalid, or missing for a
+    TCP address."""
+    tls = None
+    if options.tls_cert or options.tls_key or options.tls_ca:
+        if not (options.tls_cert and options.tls_ca):
+            parser.error("mutual TLS needs --tls-cert and --tls-ca (and --tls-key unless the "
+                         "key is in the certificate file)")
+        try:
+            tls = _auth.MutualTLS(options.tls_cert, options.tls_key, cafile=options.tls_ca)
+        except (TypeError, ValueError) as exc:
+            parser.error(str(exc))
+    try:
+        credentials = _auth.Credentials.resolve(None, tls)
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
+    address = options.address
+    if address is not None and not address.is_unix and credentials is None:
+        parser.error(f"refusing to listen on {str(address)!r} without credentials: a TCP peer "
+                     f"can send code, so it must authenticate; set ${_secret.ENV} (at least "
+                     f"{_secret.MIN_LENGTH} bytes) or pass --tls-cert and --tls-ca")
+    if tls is not None:
+        _auth.set_process_tls(tls)
+    return credentials
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m anywool.worker``."""
     parser = argparse.ArgumentParser(prog="python -m anywool.worker")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
     parser.add_argument(
         "--address", default=None, type=_bind_address,
-        help="unix:/path (default: a socket in the runtime dir)"
+        help="unix:/path or host:port, port 0 for any (default: a socket in the runtime dir); "
+             "TCP needs credentials: a secret ($ANYWOOL_SECRET) or --tls-*"
     )
+    parser.add_argument("--tls-cert", default=None, metavar="PEM",
+                        help="mutual TLS: this worker's certificate chain (and key)")
+    parser.add_argument("--tls-key", default=None, metavar="PEM",
+                        help="mutual TLS: the private key, when not in --tls-cert")
+    parser.add_argument("--tls-ca", default=None, metavar="PEM",
+                        help="mutual TLS: the CA bundle that peers' certificates must chain to")
     parser.add_argument(
         "--home", default=None, type=Path,
         help="the directory to create for the socket (default: a fresh one in the runtime dir)"
@@ -274,6 +351,8 @@ def main(argv: list[str] | None = None) -> None:
         help="run at most N calls at once, refusing more before they run (default: no bound)"
     )
     options = parser.parse_args(argv)
+    _secret.inherit()
+    credentials = _credentials(parser, options)
     _apply_parent_environment()
     logging.basicConfig(level=logging.WARNING, format="anywool.worker[%(process)d] %(message)s")
     # Default SIGINT handling would raise KeyboardInterrupt; we want "drain" instead.
@@ -283,7 +362,8 @@ def main(argv: list[str] | None = None) -> None:
     control = _take_stdin()
     try:
         anyio.run(functools.partial(serve, options.address, options.home,
-                                    max_concurrency=options.max_concurrency, lifeline=lifeline,
+                                    max_concurrency=options.max_concurrency,
+                                    credentials=credentials, lifeline=lifeline,
                                     control=control),
                   backend=options.backend)
     finally:

@@ -1,0 +1,46 @@
+"""This host's addresses: which one to advertise for a wildcard bind, and what is loopback.
+
+A worker bound to the wildcard (``0.0.0.0`` or ``::``) listens on every interface, but it must
+announce one address that other hosts can reach: the first non-loopback, non-link-local address
+of an interface that is up, IPv4 before IPv6 (interfaces listed by ``ifaddr``, which zeroconf
+uses too). With none, it announces loopback, and LAN discovery warns
+(:class:`~anywool.errors.LoopbackAdvertisementWarning`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+import ifaddr
+
+WILDCARDS = frozenset({"0.0.0.0", "::", ""})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an IP address or host name) names this host's loopback interface."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def routable_host(wildcard: str = "0.0.0.0") -> str:
+    """The address to announce for a listener bound to ``wildcard`` (``"0.0.0.0"``: IPv4 only;
+    ``"::"``: IPv6 first), or the loopback address of that family when there is none."""
+    v4: list[str] = []
+    v6: list[str] = []
+    for adapter in ifaddr.get_adapters():
+        for ip in adapter.ips:
+            if isinstance(ip.ip, str):
+                address: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.IPv4Address(ip.ip)
+            else:
+                address = ipaddress.IPv6Address(ip.ip[0])
+            if address.is_loopback or address.is_link_local or address.is_unspecified \
+                    or address.is_multicast:
+                continue
+            (v4 if address.version == 4 else v6).append(str(address))
+    if wildcard == "::":
+        return (v6 or v4 or ["::1"])[0]
+    return (v4 or ["127.0.0.1"])[0]
