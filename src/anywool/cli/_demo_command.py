@@ -1,4 +1,4 @@
-"""The ``anywool`` command: ``anywool demo`` runs a real workload on a local worker pool.
+"""``anywool demo``: a real workload on a local worker pool.
 
 Presentation only: argument parsing (click), progress and tables (rich). The work itself is
 ``anywool._demo`` on a :class:`~anywool.WorkerPool`.
@@ -24,16 +24,10 @@ from anywool._address import Address
 from anywool._demo import Tally, hash_file, regular_files, sha256_of
 from anywool.runtime._pool import WorkerPool
 
-__all__ = ["main"]
+__all__ = ["demo"]
 
 
-@click.group()
-@click.version_option(package_name="anywool")
-def main() -> None:
-    """anywool: run async routines on worker processes found through discovery."""
-
-
-@main.command()
+@click.command()
 @click.argument("path", required=False, type=click.Path(exists=True, file_okay=True,
                                                         dir_okay=True, path_type=Path))
 @click.option("--workers", "-w", type=click.IntRange(min=1, max=256), default=None,

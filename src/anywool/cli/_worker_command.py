@@ -1,0 +1,134 @@
+"""``anywool worker``: host workers announced into a namespace until SIGINT or SIGTERM.
+
+The workers are a :class:`~anywool.WorkerPool`'s spawned workers, announced through
+``LanDiscovery(namespace)`` (TCP, authenticated, on every interface by default) or
+``LocalDiscovery(namespace)`` (this host; the command owns the namespace). A pool elsewhere
+dispatches to them by subscribing to that namespace. On SIGINT or SIGTERM the command stops
+taking calls, withdraws the workers, lets their calls drain for ``--drain`` seconds, stops them
+and exits 0.
+
+Standard output is for scripts: one ``worker <address> pid <pid>`` line per worker, then
+``ready``, then ``stopped`` at the end, each flushed at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import click
+
+from anywool import _secret
+from anywool.errors import DiscoveryNamespaceInUse
+from anywool.runtime._auth import MutualTLS
+from anywool.runtime._pool import MAX_SPAWN, WorkerPool
+
+__all__ = ["worker"]
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _read_secret(path: Path | None) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc.strerror or exc}",
+                                 param_hint="--secret-file") from None
+    secret = data.rstrip(b"\r\n")  # what an editor or `echo` leaves at the end is not part of it
+    try:
+        return _secret.resolve(secret, "the secret in --secret-file")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--secret-file") from None
+
+
+@click.command()
+@click.option("--discovery", type=click.Choice(["lan", "local"]), default="lan",
+              show_default=True,
+              help="lan: announce over mDNS to the LAN (TCP workers); local: this host only.")
+@click.option("--namespace", "-n", required=True, help="The namespace to announce the workers in.")
+@click.option("--workers", "-w", type=click.IntRange(min=1, max=MAX_SPAWN), default=1,
+              show_default=True, help="Worker processes to host.")
+@click.option("--host", default=None,
+              help="Address the workers listen on (TCP). Default with lan: 0.0.0.0, announcing "
+                   "a routable address of this host; with local: a Unix socket.")
+@click.option("--secret-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help=f"File holding the shared secret (at least {_secret.MIN_LENGTH} bytes). "
+                   f"Default: ${_secret.ENV}.")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Mutual TLS: this host's certificate chain (PEM, with its key unless "
+                   "--tls-key).")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Mutual TLS: the private key (PEM).")
+@click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Mutual TLS: the CA bundle peers' certificates must chain to (PEM).")
+@click.option("--tag", "tags", multiple=True, help="A tag for the workers (repeatable).")
+@click.option("--interface", "interfaces", multiple=True,
+              help="lan: an interface address to multicast on (repeatable; default: all).")
+@click.option("--backend", type=click.Choice(["asyncio", "trio"]), default="asyncio",
+              show_default=True, help="Event loop of this command and its workers.")
+@click.option("--max-concurrency", type=click.IntRange(min=1), default=None,
+              help="The most calls each worker runs at once (default: no bound).")
+@click.option("--drain", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Seconds in-flight calls get to finish at shutdown.")
+def worker(discovery: str, namespace: str, workers: int, host: str | None,
+           secret_file: Path | None, tls_cert: str | None, tls_key: str | None,
+           tls_ca: str | None, tags: tuple[str, ...], interfaces: tuple[str, ...], backend: str,
+           max_concurrency: int | None, drain: float) -> None:
+    """Host worker processes announced into NAMESPACE until SIGINT or SIGTERM.
+
+    A pool in another process, or on another host, dispatches to them with
+    WorkerPool(discovery=LanDiscovery.Subscriber(NAMESPACE), secret=...) (lan) or
+    WorkerPool(discovery=LocalDiscovery.Subscriber(NAMESPACE)) (local).
+    """
+    secret = _read_secret(secret_file)
+    tls = None
+    if tls_cert or tls_key or tls_ca:
+        if not (tls_cert and tls_ca):
+            raise click.UsageError("mutual TLS needs --tls-cert and --tls-ca")
+        try:
+            tls = MutualTLS(tls_cert, tls_key, cafile=tls_ca)
+        except (TypeError, ValueError) as exc:
+            raise click.UsageError(str(exc)) from None
+    if discovery == "lan" and host is None:
+        host = "0.0.0.0"
+    if interfaces and discovery != "lan":
+        raise click.UsageError("--interface applies to --discovery lan only")
+    try:
+        if discovery == "lan":
+            from anywool.discovery.lan import LanDiscovery
+
+            where: Any = LanDiscovery(namespace, interfaces=list(interfaces) or None,
+                                      secret=secret)
+        else:
+            from anywool.discovery.local import LocalDiscovery
+
+            where = LocalDiscovery(namespace)
+        pool = WorkerPool(spawn=workers, discovery=where, tags=tags, backend=backend, host=host,
+                          secret=secret, tls=tls, max_concurrency=max_concurrency,
+                          shutdown_timeout=drain)
+    except (TypeError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
+        anyio.run(partial(_host, pool), backend=backend)
+    except DiscoveryNamespaceInUse as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+async def _host(pool: WorkerPool) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with pool:
+            for hosted in pool.workers:
+                _say(f"worker {hosted.address} pid {hosted.pid}")
+            _say("ready")
+            async for _ in signals:
+                break
+    _say("stopped")

@@ -1,0 +1,106 @@
+"""``anywool worker --discovery local``: the real command in another interpreter, dispatched to
+from this one. (The LAN variant is in tests/lan.)"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+from pathlib import Path
+
+import anyio
+import pytest
+
+from anywool._address import Address
+from anywool.discovery.local import LocalDiscovery
+from anywool.errors import AuthenticationError
+from anywool.runtime._pool import WorkerPool
+from anywool.runtime._routine import routine
+
+from .children import Child, start, stop
+
+pytestmark = pytest.mark.anyio
+
+COMMAND = "from anywool.cli import main; main()"
+
+
+@routine
+async def host_pid() -> int:
+    return os.getppid()  # the worker's parent: the command's process
+
+
+@routine
+async def letters(word: str):
+    for letter in word:
+        yield letter
+
+
+async def host(*args: str) -> tuple[Child, list[str]]:
+    """Start ``anywool worker ARGS``; its worker lines once it says ``ready``."""
+    child = await start(COMMAND, "worker", *args)
+    lines = []
+    while (line := await child.readline()) != "ready":
+        lines.append(line)
+    return child, lines
+
+
+async def test_a_pool_elsewhere_dispatches_to_the_hosted_workers(
+        namespace: str, anyio_backend: str) -> None:
+    with anyio.fail_after(60):
+        child, lines = await host("--discovery", "local", "--namespace", namespace,
+                                  "--workers", "2", "--backend", anyio_backend)
+        try:
+            assert len(lines) == 2 and all(line.startswith("worker unix:/") for line in lines)
+            async with WorkerPool(discovery=LocalDiscovery.Subscriber(namespace), quorum=2,
+                                  lazy=False):
+                assert {await host_pid() for _ in range(4)} == {child.pid}
+                assert [c async for c in letters("abc")] == ["a", "b", "c"]
+            child.process.send_signal(signal.SIGTERM)
+            assert await child.readline() == "stopped"
+            assert await child.wait() == 0
+        finally:
+            await stop([child])
+
+
+async def test_tcp_workers_with_a_secret_file(namespace: str, tmp_path: Path,
+                                              anyio_backend: str) -> None:
+    secret = secrets.token_hex(16)
+    path = tmp_path / "secret"
+    path.write_text(secret + "\n")  # the trailing newline is not part of it
+    with anyio.fail_after(60):
+        child, lines = await host("--discovery", "local", "--namespace", namespace,
+                                  "--host", "127.0.0.1", "--secret-file", str(path),
+                                  "--backend", anyio_backend)
+        try:
+            (line,) = lines
+            assert Address.parse(line.split()[1]).host == "127.0.0.1"
+            async with WorkerPool(discovery=LocalDiscovery.Subscriber(namespace),
+                                  secret=secret):
+                assert await host_pid() == child.pid
+            async with WorkerPool(discovery=LocalDiscovery.Subscriber(namespace),
+                                  secret=secrets.token_hex(16)):
+                with pytest.raises(AuthenticationError):
+                    await host_pid()
+            child.process.send_signal(signal.SIGINT)
+            assert await child.readline() == "stopped"
+            assert await child.wait() == 0
+        finally:
+            await stop([child])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--host", "127.0.0.1"], "secret="),
+    (["--secret-file", "/nonexistent/secret"], "cannot read"),
+    (["--tls-cert", __file__], "--tls-cert and --tls-ca"),
+    (["--interface", "127.0.0.1"], "--interface applies to --discovery lan only"),
+])
+async def test_bad_options_are_usage_errors(namespace: str, args: list[str],
+                                            message: str) -> None:
+    with anyio.fail_after(30):
+        child = await start(COMMAND, "worker", "--discovery", "local", "--namespace", namespace,
+                            *args, capture_stderr=True)
+        try:
+            assert await child.wait() == 2
+            assert message in (await child.read_stderr()).decode()
+        finally:
+            await stop([child])
