@@ -23,6 +23,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py $(ARGS)
 	$(BIN)/python benchmarks/discovery.py $(ARGS)
+	$(BIN)/python benchmarks/lan.py
 
 clean:
 	rm -rf $(VENV)

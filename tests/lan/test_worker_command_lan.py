@@ -1,0 +1,118 @@
+"""Across "hosts": ``anywool worker --discovery lan`` in one interpreter, a pool dispatching to
+its workers over authenticated TCP from this one, both found through mDNS in the test run's
+private network namespace."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+from pathlib import Path
+
+import anyio
+import pytest
+
+from anywool._address import Address
+from anywool.discovery.lan import LanDiscovery
+from anywool.errors import AuthenticationError
+from anywool.runtime._pool import WorkerPool
+from anywool.runtime._routine import routine
+
+from tests import netns
+from tests.helpers import follow
+from tests.integration.children import Child, start, stop
+
+pytestmark = pytest.mark.anyio
+
+COMMAND = "from anywool.cli import main; main()"
+LOOPBACK = ["127.0.0.1"]
+
+
+@routine
+async def host_pid() -> int:
+    return os.getppid()  # the worker's parent: the command's process
+
+
+@routine
+async def letters(word: str):
+    for letter in word:
+        yield letter
+
+
+@pytest.fixture
+def secret_file(tmp_path: Path) -> tuple[str, Path]:
+    secret = secrets.token_hex(16)
+    path = tmp_path / "secret"
+    path.write_text(secret + "\n")
+    return secret, path
+
+
+async def host(namespace: str, secret_path: Path, backend: str, workers: int = 2) -> Child:
+    child = await start(COMMAND, "worker", "--discovery", "lan", "--namespace", namespace,
+                        "--workers", str(workers), "--secret-file", str(secret_path),
+                        "--interface", "127.0.0.1", "--backend", backend)
+    lines = []
+    while (line := await child.readline()) != "ready":
+        lines.append(line)
+    assert len(lines) == workers
+    for line in lines:
+        # Bound to every interface, announced at this host's routable address.
+        assert Address.parse(line.split()[1]).host == netns.ROUTABLE
+    return child
+
+
+async def test_a_pool_dispatches_to_a_lan_host(namespace: str, secret_file: tuple[str, Path],
+                                               anyio_backend: str) -> None:
+    secret, path = secret_file
+    with anyio.fail_after(60):
+        child = await host(namespace, path, anyio_backend)
+        try:
+            subscriber = LanDiscovery.Subscriber(namespace, interfaces=LOOPBACK, secret=secret)
+            async with WorkerPool(discovery=subscriber, secret=secret, quorum=2, lazy=False):
+                assert {await host_pid() for _ in range(4)} == {child.pid}
+                assert [c async for c in letters("lan")] == ["l", "a", "n"]
+            child.process.send_signal(signal.SIGTERM)
+            assert await child.readline() == "stopped"
+            assert await child.wait() == 0
+        finally:
+            await stop([child])
+
+
+async def test_a_wrong_secret_fails_with_authentication_error(
+        namespace: str, secret_file: tuple[str, Path], anyio_backend: str) -> None:
+    _, path = secret_file
+    with anyio.fail_after(60):
+        child = await host(namespace, path, anyio_backend, workers=1)
+        try:
+            # Without a secret the subscriber sees every record; dispatch still authenticates.
+            subscriber = LanDiscovery.Subscriber(namespace, interfaces=LOOPBACK)
+            async with WorkerPool(discovery=subscriber, secret=secrets.token_hex(16),
+                                  quorum_timeout=30):
+                with pytest.raises(AuthenticationError, match="rejected"):
+                    await host_pid()
+        finally:
+            child.process.send_signal(signal.SIGINT)
+            await stop([child])
+
+
+async def test_the_hosts_workers_leave_the_view_when_it_stops(
+        namespace: str, secret_file: tuple[str, Path], anyio_backend: str) -> None:
+    secret, path = secret_file
+    with anyio.fail_after(60):
+        child = await host(namespace, path, anyio_backend)
+        try:
+            async with anyio.create_task_group() as tg:
+                events = await follow(tg, LanDiscovery.Subscriber(
+                    namespace, interfaces=LOOPBACK, secret=secret))
+                seen = {(await events.receive()).metadata.uid for _ in range(2)}
+                child.process.send_signal(signal.SIGTERM)
+                with anyio.fail_after(2 + 5):  # the drain and stop, then the goodbyes' 2 s
+                    dropped = set()
+                    while dropped != seen:
+                        event = await events.receive()
+                        assert event.type == "worker-dropped"
+                        dropped.add(event.metadata.uid)
+                tg.cancel_scope.cancel()
+            assert await child.wait() == 0
+        finally:
+            await stop([child])
