@@ -10,6 +10,7 @@ from anywool.discovery._protocols import (
     DiscoverySubscriberLike,
     PredicateFunction,
 )
+from anywool.discovery.lan import LanDiscovery
 from anywool.discovery.local import LocalDiscovery
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "DiscoveryLike",
     "DiscoveryPublisherLike",
     "DiscoverySubscriberLike",
+    "LanDiscovery",
     "LocalDiscovery",
     "PredicateFunction",
     "afilter",

@@ -1,7 +1,12 @@
-"""Shared subscriptions: one source per process and ``(namespace, poll_interval)``, fanned out.
+"""Shared subscriptions: one source per process and key, fanned out to every iteration.
 
-A *source* binds the namespace once, runs one thread that waits on the hint (inotify) with the
-poll interval as timeout, scans what changed and hands each batch of events to every *consumer*.
+A *source* follows one namespace for the whole process: it runs one thread that waits on a hint
+with the poll interval as timeout, works out what changed and hands each batch of events to
+every *consumer*. What a source follows is its subclass's business: :class:`_LocalSource` binds
+a local namespace (key ``(namespace key, poll_interval)``; its hint is inotify on the
+registry's notify file), and :mod:`anywool.discovery.lan` adds a source that follows a zeroconf
+browser. Everything else (consumers, fan-out, overflow resynchronisation, snapshots for late
+joiners, stopping with the last consumer, forks) is here, once, for both.
 Each consumer is one ``async for`` over a subscription: it owns a bounded queue and a wake pipe
 that its own event loop awaits with :func:`anyio.wait_readable`, so consumers on different event
 loops (asyncio and trio, in different threads) share one source, and a slow consumer never
@@ -116,26 +121,30 @@ class _Consumer:
 
 
 class _Source:
-    """One bound namespace shared by every consumer in this process."""
+    """What one namespace's source shares with every consumer in this process.
 
-    def __init__(self, key: tuple[str, float], namespace: str, poll_interval: float,
-                 binding: _binding.Binding) -> None:
+    A subclass says what it follows: :meth:`_open_hint` (in the thread, as it starts),
+    :meth:`_drain_hint`, :meth:`_refresh` (bring :attr:`view` up to date with
+    :meth:`_deliver`) and :meth:`_release` (free what it holds, once, as the thread ends or for
+    a source that never started).
+    """
+
+    #: The generation of the namespace the view belongs to (``None``: not applicable, or
+    #: orphaned); read by attaching threads, so written under ``lock``.
+    generation: bytes | None = None
+
+    def __init__(self, key: tuple[str, float], namespace: str, poll_interval: float) -> None:
         self.key = key
         self.namespace = namespace
         self.poll_interval = poll_interval
         self.lock = threading.Lock()
         self.consumers: set[_Consumer] = set()
         self.view: dict[UUID, WorkerMetadata] = {}
-        self.binding: _binding.Binding | None = binding
-        # The generation the view belongs to (None while orphaned); read by attaching threads,
-        # so written under ``lock``.
-        self.generation: bytes | None = binding.generation
         self.binds = 1
         self.scans = 0
-        # The thread (and its watcher) start when a consumer first waits for a change or a
-        # second consumer joins: an iteration that only reads the current workers never
-        # costs a thread. ``started`` and ``stopped`` change under ``lock``.
-        self.watcher: _watch.Watcher | None = None
+        # The thread starts when a consumer first waits for a change or a second consumer
+        # joins: an iteration that only reads the current workers never costs a thread.
+        # ``started`` and ``stopped`` change under ``lock``.
         self.started = False
         self.stopped = False
         # The stop pipe's descriptors are written and closed only under ``lock`` and set to -1
@@ -150,17 +159,44 @@ class _Source:
         self.unlisted = False
         # Set in a forked child: this process has no thread for it (see _forget_in_child).
         self.forgotten = False
-        self._counter = -1
         _LIVE_SOURCES.add(self)
         self.thread: threading.Thread | None = None
 
-    # -- lifecycle (hub lock held) --
+    # -- what a subclass follows --
 
-    def prime(self, checkpoint: Callable[[], None],
-              lock_timeout: float | None) -> list[DiscoveryEvent]:
-        """Read the registry once, before any thread runs: the first consumer's snapshot (every
-        worker as ``worker-added``, the view being empty until now)."""
-        return self._refresh(checkpoint=checkpoint, lock_timeout=lock_timeout)
+    def _open_hint(self) -> int | None:
+        """In the thread, as it starts: set up the hint; its descriptor, readable on a change
+        (``None``: no hint, poll only)."""
+        return None
+
+    def _drain_hint(self) -> None:
+        """After the hint's descriptor was readable: consume what made it so."""
+
+    def _refresh(self, probe: bool = False,
+                 checkpoint: Callable[[], None] | None = None) -> list[DiscoveryEvent]:
+        """Bring the view up to date (see :meth:`_deliver`); ``probe``: woken by the poll
+        interval rather than the hint. ``checkpoint`` may raise :class:`_Stopped` while it
+        waits."""
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        """Free what the source holds (idempotent), as its thread ends or in :meth:`close`."""
+
+    def _deliver(self, events: list[DiscoveryEvent],
+                 replacement: dict[UUID, WorkerMetadata] | None = None) -> list[DiscoveryEvent]:
+        """Take ``events`` into the view (or ``replacement`` as the view, when given) and hand
+        them to every consumer."""
+        if events:
+            with self.lock:
+                if replacement is not None:
+                    self.view = replacement
+                else:
+                    _view.apply(self.view, events)
+                for consumer in self.consumers:
+                    consumer.deliver(events)
+        return events
+
+    # -- lifecycle --
 
     def forget(self) -> None:
         """In a forked child: drop the parent's descriptors and locks (any may have been
@@ -195,14 +231,9 @@ class _Source:
                 self.started = True
 
     def close(self) -> None:
-        """Release the watcher, the binding and the stop pipe: by the thread as it ends, or by
-        the attaching thread for a source it built but never started."""
-        watcher, self.watcher = self.watcher, None
-        if watcher is not None:
-            watcher.close()
-        if self.binding is not None:
-            self.binding.close()
-            self.binding = None
+        """Release what the source holds (:meth:`_release`) and the stop pipe: by the thread
+        as it ends, or by the attaching thread for a source it built but never started."""
+        self._release()
         with self.lock:
             for fd in (self.stop_r, self.stop_w):
                 if fd >= 0:
@@ -259,14 +290,9 @@ class _Source:
                     consumer.wake()
 
     def _serve(self) -> None:
-        watcher = self.watcher = _watch.Watcher()
-        if self.binding is not None:
-            watcher.watch(self.binding.path / "notify")
-        else:  # orphaned already: a successor appears by a rename into the runtime directory
-            watcher.watch(runtime_dir(create=False), directory=True)
+        hint_fd = self._open_hint()
         poller = select.poll()
         poller.register(self.stop_r, select.POLLIN)
-        hint_fd = watcher.fileno()
         if hint_fd is not None:
             poller.register(hint_fd, select.POLLIN)
         last_failure: str | None = None
@@ -280,7 +306,7 @@ class _Source:
                     return
                 _hub.drain_deferred()
                 if ready:
-                    watcher.drain()
+                    self._drain_hint()
                 probe = not ready
             with self.lock:
                 if self.unlisted and not self.consumers:
@@ -289,7 +315,7 @@ class _Source:
                 self._refresh(probe=probe, checkpoint=self._check_stop)
             except _Stopped:
                 return
-            except Exception as exc:  # a wedged writer, a damaged registry: retry next round
+            except Exception as exc:  # a wedged writer, a damaged registry...: retry next round
                 # Logged once per kind of failure, not on every poll.
                 if repr(exc) != last_failure:
                     last_failure = repr(exc)
@@ -301,9 +327,48 @@ class _Source:
                 last_failure = None
 
     def _check_stop(self) -> None:
-        # Called between attempts to take the registry lock: stopping never waits on a writer.
+        # Called between attempts to take the registry lock (or any other wait of a refresh):
+        # stopping never waits on a writer.
         if select.select([self.stop_r], [], [], 0)[0]:
             raise _Stopped
+
+
+class _LocalSource(_Source):
+    """One bound local namespace shared by every consumer in this process."""
+
+    def __init__(self, key: tuple[str, float], namespace: str, poll_interval: float,
+                 binding: _binding.Binding) -> None:
+        super().__init__(key, namespace, poll_interval)
+        self.binding: _binding.Binding | None = binding
+        self.generation = binding.generation
+        self.watcher: _watch.Watcher | None = None
+        self._counter = -1
+
+    def prime(self, checkpoint: Callable[[], None],
+              lock_timeout: float | None) -> list[DiscoveryEvent]:
+        """Read the registry once, before any thread runs: the first consumer's snapshot (every
+        worker as ``worker-added``, the view being empty until now)."""
+        return self._refresh(checkpoint=checkpoint, lock_timeout=lock_timeout)
+
+    def _open_hint(self) -> int | None:
+        watcher = self.watcher = _watch.Watcher()
+        if self.binding is not None:
+            watcher.watch(self.binding.path / "notify")
+        else:  # orphaned already: a successor appears by a rename into the runtime directory
+            watcher.watch(runtime_dir(create=False), directory=True)
+        return watcher.fileno()
+
+    def _drain_hint(self) -> None:
+        if self.watcher is not None:
+            self.watcher.drain()
+
+    def _release(self) -> None:
+        watcher, self.watcher = self.watcher, None
+        if watcher is not None:
+            watcher.close()
+        if self.binding is not None:
+            self.binding.close()
+            self.binding = None
 
     def _refresh(self, probe: bool = False, checkpoint: Callable[[], None] | None = None,
                  lock_timeout: float | None = 30.0) -> list[DiscoveryEvent]:
@@ -348,15 +413,7 @@ class _Source:
             self.scans += 1
             self._counter, replacement = binding.snapshot(lock_timeout, checkpoint)
             events = _view.diff(self.view, replacement)
-        if events:
-            with self.lock:
-                if replacement is not None:
-                    self.view = replacement
-                else:
-                    _view.apply(self.view, events)
-                for consumer in self.consumers:
-                    consumer.deliver(events)
-        return events
+        return self._deliver(events, replacement)
 
     def _orphan(self) -> None:
         assert self.binding is not None
@@ -384,7 +441,8 @@ class _Hub:
 
     def attach(self, namespace: str, poll_interval: float, consumer: _Consumer,
                checkpoint: Callable[[], None], *, in_loop: bool = False) -> _Source:
-        """Join (or start) the source and queue the current view as ``worker-added``.
+        """Join (or start) the local namespace's source and queue the current view as
+        ``worker-added`` (see :meth:`join`).
 
         Runs in a worker thread, or (``in_loop``) in an event loop's own thread. The hub lock
         is only ever held for bookkeeping, never across file-system work or a wait for the
@@ -403,19 +461,54 @@ class _Hub:
         # that just died (it would only notice at its next check).
         probe: _binding.Binding | None = _binding.bind(namespace)
         generation = probe.generation
-        fresh: _Source | None = None
-        primed: list[DiscoveryEvent] = []
         lock_timeout: float | None = 30.0
         if in_loop:
             lock_timeout = 0
             if probe.table.size > _layout.IN_LOOP_BYTES:
                 probe.close()
                 raise WouldBlock
+
+        def build() -> tuple[_Source, list[DiscoveryEvent]]:
+            nonlocal probe
+            assert probe is not None
+            fresh = _LocalSource(key, namespace, poll_interval, probe)
+            probe = None
+            try:
+                return fresh, fresh.prime(checkpoint, lock_timeout)
+            except BaseException as exc:
+                fresh.close()
+                if in_loop and isinstance(exc, TimeoutError):
+                    raise WouldBlock from None
+                raise
+
+        try:
+            return self.join(key, consumer, build,
+                             current=lambda source: source.generation == generation)
+        finally:
+            if probe is not None:
+                probe.close()
+
+    def join(self, key: tuple[str, float], consumer: _Consumer,
+             build: Callable[[], tuple[_Source, list[DiscoveryEvent]]],
+             current: Callable[[_Source], bool] | None = None) -> _Source:
+        """Join the source listed under ``key`` (or install a new one) and queue its current
+        view for ``consumer`` as ``worker-added``: the machinery every kind of source shares.
+
+        :param build: makes a source that nobody else knows yet, and its first read (the first
+            consumer's snapshot); called outside the hub lock, at most once. If another thread
+            installed a source under ``key`` meanwhile, the built one is closed and that one is
+            joined.
+        :param current: whether a listed source still follows what a new iteration must see
+            (``False``: it is unlisted, keeps serving its consumers, and a new one is built).
+        :raises Exception: whatever ``build`` raised (nothing is attached then).
+        """
+        fresh: _Source | None = None
+        primed: list[DiscoveryEvent] = []
         try:
             while True:
                 with self.lock:
                     source = self.sources.get(key)
-                    if source is not None and source.generation != generation:
+                    if source is not None and current is not None and not current(source):
                         # It still follows an earlier generation (or none): a new iteration
                         # sees only the current one, so it gets a source of its own, and the
                         # stale one serves its consumers until it catches up or they leave.
@@ -425,7 +518,7 @@ class _Hub:
                     if source is None and fresh is not None:
                         source, fresh = fresh, None
                         self.sources[key] = source
-                        # Its view is what prime read until the thread starts: the primed
+                        # Its view is what build read until the thread starts: the primed
                         # events are this consumer's snapshot as they are.
                         with source.lock:
                             source.consumers.add(consumer)
@@ -440,23 +533,13 @@ class _Hub:
                         break
                 # No source: build one outside the hub lock, then install it unless another
                 # thread installed its own meanwhile (then join that one and drop ours).
-                assert probe is not None
-                fresh = _Source(key, namespace, poll_interval, probe)
-                probe = None
-                try:
-                    primed = fresh.prime(checkpoint, lock_timeout)
-                except TimeoutError:
-                    if in_loop:
-                        raise WouldBlock from None
-                    raise
+                fresh, primed = build()
         finally:
-            if probe is not None:
-                probe.close()
             if fresh is not None:
                 fresh.close()
-        # Joined a source: the snapshot was its view, which follows the registry only while
-        # its thread runs. Start it (if not yet): its first round brings every consumer, this
-        # one included, up to date with whatever changed since that view was read.
+        # Joined a source: the snapshot was its view, which follows changes only while its
+        # thread runs. Start it (if not yet): its first round brings every consumer, this one
+        # included, up to date with whatever changed since that view was read.
         try:
             source.ensure_started()
         except BaseException:
@@ -570,13 +653,59 @@ def stats() -> dict[tuple[str, float], tuple[int, int, int]]:
 
 
 def iterate(namespace: str, poll_interval: float) -> AsyncIterator[DiscoveryEvent]:
-    """An iteration of the namespace: its current workers as ``worker-added``, then every
+    """An iteration of the local namespace: its current workers as ``worker-added``, then every
     change (see :class:`_Iteration`).
 
     :raises DiscoveryNamespaceNotFound: (from the first step) no live owner holds the namespace
         when iteration starts.
     """
-    return _Iteration(namespace, poll_interval)
+    return _Iteration(_LocalOpener(namespace, poll_interval))
+
+
+class Opener:
+    """How an iteration attaches a consumer to its source (see :func:`iterate_with`)."""
+
+    def attach_in_loop(self, consumer: _Consumer) -> _Source | None:
+        """Attach in the event loop's own thread if nothing on the way can wait; ``None``:
+        nothing attached, use :meth:`attach` in a worker thread."""
+        return None
+
+    def attach(self, consumer: _Consumer, checkpoint: Callable[[], None]) -> _Source:
+        """Attach in a worker thread (usually through :meth:`_Hub.join`); ``checkpoint`` raises
+        when the starting iteration is cancelled."""
+        raise NotImplementedError
+
+
+class _LocalOpener(Opener):
+    __slots__ = ("namespace", "poll_interval")
+
+    def __init__(self, namespace: str, poll_interval: float) -> None:
+        self.namespace = namespace
+        self.poll_interval = poll_interval
+
+    def attach_in_loop(self, consumer: _Consumer) -> _Source | None:
+        if not _runtime_dir.in_memory():
+            return None
+        try:  # no thread hop when nothing on the way can wait
+            return _hub.attach(self.namespace, self.poll_interval, consumer, _no_checkpoint,
+                               in_loop=True)
+        except WouldBlock:
+            return None
+
+    def attach(self, consumer: _Consumer, checkpoint: Callable[[], None]) -> _Source:
+        return _hub.attach(self.namespace, self.poll_interval, consumer, checkpoint)
+
+
+def iterate_with(opener: Opener) -> AsyncIterator[DiscoveryEvent]:
+    """An iteration of whatever source ``opener`` attaches to: the source's current view as
+    ``worker-added``, then every change (see :class:`_Iteration`). The first step raises what
+    attaching raised."""
+    return _Iteration(opener)
+
+
+def hub() -> _Hub:
+    """This process's hub (a forked child gets a fresh one)."""
+    return _hub
 
 
 class _Attachment:
@@ -596,23 +725,16 @@ class _Attachment:
         return _hub.detach(self.source, self.consumer, blocking=blocking)
 
 
-async def _follow(namespace: str, poll_interval: float,
+async def _follow(opener: Opener,
                   attachment: _Attachment) -> AsyncGenerator[list[DiscoveryEvent], None]:
     """The batches of one iteration. It never refers to its :class:`_Iteration` (no cycle: the
     iteration is freed, and detached, as soon as the caller drops it)."""
     consumer = _Consumer()
     try:
-        source = None
-        if _runtime_dir.in_memory():  # no thread hop when nothing on the way can wait
-            try:
-                source = _hub.attach(namespace, poll_interval, consumer, _no_checkpoint,
-                                     in_loop=True)
-            except WouldBlock:
-                pass
+        source = opener.attach_in_loop(consumer)
         if source is None:
             source = await anyio.to_thread.run_sync(
-                _hub.attach, namespace, poll_interval, consumer,
-                anyio.from_thread.check_cancelled)
+                opener.attach, consumer, anyio.from_thread.check_cancelled)
     except BaseException:
         consumer.close()
         raise
@@ -642,10 +764,10 @@ class _Iteration:
     last consumer.
     """
 
-    def __init__(self, namespace: str, poll_interval: float) -> None:
+    def __init__(self, opener: Opener) -> None:
         self._attachment = _Attachment()
         self._pending: deque[DiscoveryEvent] = deque()
-        self._batches = _follow(namespace, poll_interval, self._attachment)
+        self._batches = _follow(opener, self._attachment)
 
     def __aiter__(self) -> _Iteration:
         return self

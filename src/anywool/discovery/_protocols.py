@@ -1,6 +1,6 @@
 """The discovery vocabulary: events and the protocols every discovery service satisfies.
 
-Only types live here; nothing in this module does I/O.
+Only types (and the check of an event's halves) live here; nothing in this module does I/O.
 """
 
 from __future__ import annotations
@@ -18,6 +18,18 @@ EVENT_TYPES: frozenset[str] = frozenset(get_args(DiscoveryEventType))
 PredicateFunction: TypeAlias = Callable[[WorkerMetadata], bool]
 
 
+def check_event(type: object, metadata: object) -> None:
+    """Check the two halves of an event (a :class:`DiscoveryEvent`'s, or a publish's arguments).
+
+    :raises ValueError: ``type`` is not one of the three event types.
+    :raises TypeError: ``metadata`` is not a :class:`~anywool.WorkerMetadata`.
+    """
+    if type not in EVENT_TYPES:
+        raise ValueError(f"type must be one of {sorted(EVENT_TYPES)}, got {type!r}")
+    if not isinstance(metadata, WorkerMetadata):
+        raise TypeError(f"metadata must be a WorkerMetadata, got {metadata!r}")
+
+
 class DiscoveryEvent:
     """One change to the set of workers in a namespace.
 
@@ -29,10 +41,7 @@ class DiscoveryEvent:
     __slots__ = ("metadata", "type")
 
     def __init__(self, type: DiscoveryEventType, /, metadata: WorkerMetadata) -> None:
-        if type not in EVENT_TYPES:
-            raise ValueError(f"type must be one of {sorted(EVENT_TYPES)}, got {type!r}")
-        if not isinstance(metadata, WorkerMetadata):
-            raise TypeError(f"metadata must be a WorkerMetadata, got {metadata!r}")
+        check_event(type, metadata)
         self.type: DiscoveryEventType = type
         self.metadata = metadata
 

@@ -38,12 +38,12 @@ from anywool.discovery import _hub
 from anywool.discovery.local import _binding, _claim, _layout
 from anywool.discovery._filter import afilter
 from anywool.discovery._protocols import (
-    EVENT_TYPES,
     Discovery,
     DiscoveryEvent,
     DiscoveryEventType,
     DiscoverySubscriberLike,
     PredicateFunction,
+    check_event,
 )
 from anywool.errors import DiscoveryError, DiscoveryNamespaceNotFound
 from anywool.metadata import WorkerMetadata
@@ -416,10 +416,7 @@ class LocalDiscovery(Discovery, SingleUse):
             memory file system with the lock free, the publish is done in the event loop
             without a thread hop: a cancellation point then, not a schedule point.
             """
-            if type not in EVENT_TYPES:
-                raise ValueError(f"type must be one of {sorted(EVENT_TYPES)}, got {type!r}")
-            if not isinstance(metadata, WorkerMetadata):
-                raise TypeError(f"metadata must be a WorkerMetadata, got {metadata!r}")
+            check_event(type, metadata)
             if not self._entered or self._released:
                 raise RuntimeError("publish needs an entered publisher (inside its async with)")
             await anyio.lowlevel.checkpoint_if_cancelled()

@@ -1,0 +1,195 @@
+"""The shared source of a LAN namespace: one zeroconf browser per process and key.
+
+A :class:`LanSource` is a source of :mod:`anywool.discovery._hub` like a local one: the hub
+gives it its consumers, fan-out, bounded buffers and overflow resynchronisation, snapshots for
+late joiners, and stops it with its last consumer. What it adds is what it follows: a
+``Zeroconf`` with an ``AsyncServiceBrowser`` for the namespace's service type, made when the
+first iteration attaches (in that iteration's worker thread) and closed when the source's
+thread ends. The browser's callbacks (in zeroconf's loop thread) only write a byte to a hint
+pipe; the source's thread wakes on it, or every :data:`POLL_INTERVAL` seconds, reads the
+unexpired TXT records of the service type from zeroconf's cache, keeps those that verify, and
+hands the difference from its view to every consumer.
+
+Sources are keyed by the namespace's service type, the interfaces and the secret, so that
+iterations with different secrets never share what they accept. The key holds a digest of the
+interfaces and the secret made with a random salt of this process: it tells keys apart without
+saying anything about the secret, also to whoever reads :func:`anywool.lowlevel.discovery_stats`.
+
+What this module must never do: block zeroconf's loop (its callbacks only write to a pipe), or
+touch zeroconf from an event loop's thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets
+import threading
+from collections.abc import Callable, Sequence
+from uuid import UUID
+
+from zeroconf import Zeroconf
+from zeroconf.asyncio import AsyncServiceBrowser
+
+from anywool.discovery import _hub, _view
+from anywool.discovery._protocols import DiscoveryEvent
+from anywool.discovery.lan import _service, _zeroconf
+from anywool.metadata import WorkerMetadata
+
+log = logging.getLogger(__name__)
+
+#: Seconds between checks of record expiry (besides every browser callback): a worker whose
+#: records expired leaves the view at most this long after their TTL.
+POLL_INTERVAL = 0.5
+
+_SALT = secrets.token_bytes(16)
+
+
+def source_key(namespace: str, interfaces: tuple[str | int, ...] | None,
+               secret: bytes | None) -> tuple[str, float]:
+    """The hub key of a LAN namespace followed on ``interfaces`` with ``secret``."""
+    type_hash = _service.service_type(namespace)[4:16]
+    variant = hashlib.blake2b(repr(interfaces).encode() + b"\0" + (secret or b""),
+                              key=_SALT, digest_size=6)
+    variant.update(b"signed" if secret is not None else b"unsigned")
+    return (f"lan-{type_hash}-{variant.hexdigest()}", POLL_INTERVAL)
+
+
+class LanSource(_hub._Source):
+    """One browsed LAN namespace shared by every consumer in this process (see the module)."""
+
+    def __init__(self, key: tuple[str, float], namespace: str,
+                 interfaces: tuple[str | int, ...] | None, secret: bytes | None) -> None:
+        super().__init__(key, namespace, POLL_INTERVAL)
+        self.type = _service.service_type(namespace)
+        self.digest = _service.namespace_digest(namespace)
+        self.interfaces = interfaces
+        self.secret = secret
+        self.zc: Zeroconf | None = None
+        self.browser: AsyncServiceBrowser | None = None
+        # The hint pipe: written by browser callbacks in zeroconf's thread, read by ours.
+        # Written and closed only under ``_hint_lock`` (a closed descriptor's number may be
+        # reused at once by any file of the process).
+        self._hint_lock = threading.Lock()
+        self._hint_r = self._hint_w = -1
+        # What each (instance, TXT data) decoded to last round: records are re-read every round,
+        # but decoded and verified once.
+        self._decoded: dict[tuple[str, bytes], WorkerMetadata | None] = {}
+
+    def prime(self) -> list[DiscoveryEvent]:
+        """Start zeroconf and the browser (in the attaching worker thread). The view is empty
+        until the browser's first answers come in, so the first consumer's snapshot is empty
+        and its workers arrive as ``worker-added`` changes.
+
+        :raises OSError: zeroconf cannot use the interfaces.
+        """
+        self._hint_r, self._hint_w = os.pipe()
+        os.set_blocking(self._hint_r, False)
+        os.set_blocking(self._hint_w, False)
+        self.zc = zc = _zeroconf.open_zeroconf(self.interfaces)
+        self.browser = _zeroconf.call(
+            zc, lambda: AsyncServiceBrowser(zc, self.type, handlers=[self._on_change]))
+        return []
+
+    # -- in zeroconf's loop --
+
+    def _on_change(self, **_: object) -> None:
+        with self._hint_lock:
+            if self._hint_w >= 0:
+                try:
+                    os.write(self._hint_w, b"\0")
+                except OSError:
+                    pass  # full: a wake-up is pending already
+
+    # -- in the source's thread --
+
+    def _open_hint(self) -> int | None:
+        return self._hint_r
+
+    def _drain_hint(self) -> None:
+        try:
+            os.read(self._hint_r, 4096)
+        except OSError:
+            pass
+
+    def _refresh(self, probe: bool = False,
+                 checkpoint: Callable[[], None] | None = None) -> list[DiscoveryEvent]:
+        zc = self.zc
+        if zc is None:
+            return []
+        records = _zeroconf.call(zc, _zeroconf.txt_records, zc, self.type)
+        self.scans += 1
+        decoded: dict[tuple[str, bytes], WorkerMetadata | None] = {}
+        view: dict[UUID, WorkerMetadata] = {}
+        for name, texts in records:
+            for _, data in sorted(texts, reverse=True):  # the newest record that checks out
+                worker = self._decode(name, data, decoded)
+                if worker is not None:
+                    view[worker.uid] = worker
+                    break
+        self._decoded = decoded
+        return self._deliver(_view.diff(self.view, view), view)
+
+    def _decode(self, name: str, data: bytes,
+                decoded: dict[tuple[str, bytes], WorkerMetadata | None]) -> WorkerMetadata | None:
+        key = (name, data)
+        if key in self._decoded:
+            worker = decoded[key] = self._decoded[key]
+            return worker
+        try:
+            worker = _service.decode_txt(self.type, name, self.digest, _service.parse_txt(data),
+                                         self.secret)
+        except _service.InvalidRecord as exc:
+            log.debug("ignoring the LAN record of %r in namespace %r: %s", name,
+                      self.namespace, exc)
+            worker = None
+        decoded[key] = worker
+        return worker
+
+    def _release(self) -> None:
+        zc, self.zc = self.zc, None
+        browser, self.browser = self.browser, None
+        if self.forgotten:  # the lock may have been held by a thread the child does not have
+            self._hint_lock = threading.Lock()
+        if zc is not None and not self.forgotten:  # a forked child has no loop thread to ask
+            try:
+                if browser is not None:
+                    _zeroconf.run(zc, browser.async_cancel())
+            except Exception:
+                log.warning("cancelling the zeroconf browser of %r failed", self.namespace,
+                            exc_info=True)
+            finally:
+                _zeroconf.close(zc)
+        with self._hint_lock:
+            for fd in (self._hint_r, self._hint_w):
+                if fd >= 0:
+                    os.close(fd)
+            self._hint_r = self._hint_w = -1
+
+
+class LanOpener(_hub.Opener):
+    """Attaches an iteration to the LAN source of its key (making it if need be)."""
+
+    __slots__ = ("interfaces", "namespace", "secret")
+
+    def __init__(self, namespace: str, interfaces: Sequence[str | int] | None,
+                 secret: bytes | None) -> None:
+        self.namespace = namespace
+        self.interfaces = None if interfaces is None else tuple(interfaces)
+        self.secret = secret
+
+    def attach(self, consumer: _hub._Consumer, checkpoint: Callable[[], None]) -> _hub._Source:
+        hub = _hub.hub()
+        hub.drain_deferred()
+        key = source_key(self.namespace, self.interfaces, self.secret)
+
+        def build() -> tuple[_hub._Source, list[DiscoveryEvent]]:
+            fresh = LanSource(key, self.namespace, self.interfaces, self.secret)
+            try:
+                return fresh, fresh.prime()
+            except BaseException:
+                fresh.close()
+                raise
+
+        return hub.join(key, consumer, build)

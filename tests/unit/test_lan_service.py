@@ -1,0 +1,156 @@
+"""LAN records without a network: service types, instance names, TXT split and signatures."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import pytest
+
+from anywool.discovery.lan import _service
+from anywool.discovery.lan._service import InvalidRecord
+
+from ..helpers import worker
+
+SECRET = b"0123456789abcdef-lan"
+TYPE = _service.service_type("jobs")
+DIGEST = _service.namespace_digest("jobs")
+
+
+def record(metadata, secret=SECRET, type_=TYPE, digest=DIGEST):
+    name = _service.instance_name(type_, metadata.uid)
+    return name, _service.encode_txt(type_, name, digest, metadata.to_bytes(), secret)
+
+
+def decode(name, data, secret=SECRET, type_=TYPE, digest=DIGEST):
+    return _service.decode_txt(type_, name, digest, _service.parse_txt(data), secret)
+
+
+def test_a_service_type_is_a_valid_dns_sd_label_with_48_bits_of_hash():
+    from zeroconf import ServiceInfo  # zeroconf's own check of the name
+
+    for namespace in ("jobs", "", "a/b/../c", "\0", "é" * 10_000, "\udcff"):
+        type_ = _service.service_type(namespace)
+        assert re.fullmatch(r"_aw-[0-9a-f]{12}\._tcp\.local\.", type_)
+        assert len(type_.split(".")[0]) - 1 <= 15  # the service name, without its underscore
+        ServiceInfo(type_, f"{uuid.uuid4().hex}.{type_}")
+    assert _service.service_type("jobs") != _service.service_type("jobs2")
+
+
+def test_an_instance_name_stands_for_its_worker_uid():
+    uid = uuid.uuid4()
+    name = _service.instance_name(TYPE, uid)
+    assert _service.uid_of(name, TYPE) == uid
+    assert _service.uid_of(name.upper(), TYPE) == uid  # DNS names are case-insensitive
+    assert _service.uid_of(name, _service.service_type("other")) is None
+    assert _service.uid_of(f"printer.{TYPE}", TYPE) is None
+
+
+@pytest.mark.parametrize("secret", [SECRET, None], ids=["signed", "unsigned"])
+def test_metadata_larger_than_one_txt_value_is_split_and_reassembled(secret):
+    big = worker("10.0.0.1:5000", tags={f"tag-{i}" for i in range(100)},
+                 extra={"blob": "x" * 1500, "n": 1})
+    assert len(big.to_bytes()) > 255
+    name, data = record(big, secret)
+    entries = _service.parse_txt(data)
+    assert int(entries[b"n"]) == -(-len(big.to_bytes()) // _service.CHUNK)
+    offset = 0
+    while offset < len(data):  # every TXT string fits its one-byte length
+        assert data[offset] <= 255
+        offset += 1 + data[offset]
+    assert decode(name, data, secret).same_as(big)
+
+
+def test_metadata_over_the_record_limit_is_refused():
+    huge = worker(extra={"blob": "x" * _service.MAX_METADATA})
+    with pytest.raises(ValueError, match="bytes a LAN record carries"):
+        record(huge)
+
+
+def test_a_signed_record_verifies_only_with_its_secret():
+    metadata = worker("10.0.0.1:5000")
+    name, data = record(metadata)
+    assert decode(name, data).same_as(metadata)
+    with pytest.raises(InvalidRecord, match="signature"):
+        decode(name, data, secret=b"another secret of 16+ bytes")
+    assert decode(name, data, secret=None).same_as(metadata)  # nothing to verify it with
+
+
+def test_a_subscriber_with_a_secret_ignores_unsigned_records():
+    name, data = record(worker(), secret=None)
+    with pytest.raises(InvalidRecord, match="unsigned"):
+        decode(name, data)
+
+
+def test_tampering_with_any_signed_part_fails_verification():
+    metadata = worker("10.0.0.1:5000")
+    name, data = record(metadata)
+    # Another worker's address in the same record, re-chunked but with the old signature.
+    forged = worker("10.6.6.6:5000", uid=metadata.uid, pid=metadata.pid)
+    entries = _service.parse_txt(data)
+    forged_data = _service.encode_txt(TYPE, name, DIGEST, forged.to_bytes(), None)
+    tampered = {**_service.parse_txt(forged_data), b"sig": entries[b"sig"]}
+    with pytest.raises(InvalidRecord, match="signature"):
+        _service.decode_txt(TYPE, name, DIGEST, tampered, SECRET)
+    # The same record moved to another instance name.
+    other = _service.instance_name(TYPE, uuid.uuid4())
+    with pytest.raises(InvalidRecord):
+        decode(other, data)
+
+
+def test_an_instance_name_must_match_the_metadata_uid_even_unsigned():
+    metadata = worker()
+    _, data = record(metadata, secret=None)
+    with pytest.raises(InvalidRecord, match="announces worker"):
+        decode(_service.instance_name(TYPE, uuid.uuid4()), data, secret=None)
+
+
+def test_records_of_a_namespace_whose_service_type_collides_are_ignored():
+    metadata = worker()
+    name, data = record(metadata, secret=None, digest=_service.namespace_digest("other"))
+    with pytest.raises(InvalidRecord, match="another namespace"):
+        decode(name, data, secret=None)
+
+
+@pytest.mark.parametrize("data", [
+    b"",
+    b"\x05v=1",  # cut short
+    b"\x03v=2",
+    b"\x03v=1\x05junk!",
+    bytes([255]) + b"x" * 10,
+])
+def test_malformed_records_are_rejected_not_raised_through(data):
+    with pytest.raises(InvalidRecord):
+        decode(_service.instance_name(TYPE, uuid.uuid4()), data, secret=None)
+
+
+def test_missing_chunks_and_undecodable_metadata_are_rejected():
+    metadata = worker(extra={"blob": "x" * 600})
+    name, data = record(metadata, secret=None)
+    entries = _service.parse_txt(data)
+    del entries[b"1"]
+    with pytest.raises(InvalidRecord, match="chunk"):
+        _service.decode_txt(TYPE, name, DIGEST, entries, None)
+    garbage = _service.encode_txt(TYPE, name, DIGEST, b"\xc1not msgpack", SECRET)
+    with pytest.raises(InvalidRecord, match="not an encoded WorkerMetadata"):
+        decode(name, garbage)
+
+
+def test_the_first_of_a_repeated_txt_key_wins():
+    assert _service.parse_txt(b"\x03a=1\x03a=2\x01b") == {b"a": b"1", b"b": b""}
+
+
+@pytest.mark.parametrize("address, loopback", [
+    ("127.0.0.1:80", True),
+    ("127.9.9.9:80", True),
+    ("[::1]:80", True),
+    ("[::ffff:127.0.0.1]:80", True),
+    ("localhost:80", True),
+    ("LocalHost.:80", True),
+    ("10.213.0.1:80", False),
+    ("[fe80::1]:80", False),
+    ("worker.example:80", False),
+    ("unix:/tmp/w.sock", False),
+])
+def test_loopback_addresses_are_recognised(address, loopback):
+    assert _service.is_loopback(address) is loopback
