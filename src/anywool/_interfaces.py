@@ -17,13 +17,18 @@ WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 
 
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an IP address or host name) names this host's loopback interface."""
-    if host.lower() in ("localhost", "localhost."):
+    """Whether ``host`` (an IP address or host name) names this host only: ``127.0.0.0/8``,
+    ``::1`` (also as an IPv4-mapped address), ``localhost`` or a name under it."""
+    name = host.rstrip(".").lower()
+    if name == "localhost" or name.endswith(".localhost"):
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        ip = ipaddress.ip_address(name)
     except ValueError:
         return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
 
 
 def routable_host(wildcard: str = "0.0.0.0") -> str:

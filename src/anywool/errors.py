@@ -120,7 +120,8 @@ class DiscoveryCapacityExhausted(DiscoveryError):
 
 
 class DiscoveryBlockExhausted(DiscoveryError):
-    """A worker's encoded metadata does not fit one registry block.
+    """A worker's encoded metadata does not fit one discovery record: a block of a local
+    namespace's registry, or a LAN advert (6000 bytes).
 
     :param size: the encoded size in bytes that did not fit.
     """
@@ -130,7 +131,8 @@ class DiscoveryBlockExhausted(DiscoveryError):
         self.size = size
 
     def __str__(self) -> str:
-        return f"worker metadata of {self.size} bytes does not fit a discovery registry block"
+        return (f"worker metadata of {self.size} bytes does not fit a discovery record (a local "
+                "registry block, or a LAN advert)")
 
 
 class DiscoveryWorkerNotFound(DiscoveryError):

@@ -290,10 +290,11 @@ async def test_announcing_a_loopback_address_to_the_lan_warns(lan_namespace):
                 await publisher.publish("worker-added", worker("127.0.0.1:5000"))
             with pytest.warns(LoopbackAdvertisementWarning):
                 await publisher.publish("worker-added", worker("localhost:5000"))
+            with pytest.warns(LoopbackAdvertisementWarning, match="unix:/tmp/w.sock"):
+                await publisher.publish("worker-added", worker("unix:/tmp/w.sock"))
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
                 await publisher.publish("worker-added", routable())
-                await publisher.publish("worker-added", worker("unix:/tmp/w.sock"))
 
 
 _CHILD = """
@@ -339,10 +340,17 @@ async def test_a_pool_publishes_its_workers_and_another_pool_borrows_them(lan_na
     from ..integration.routines import whoami
 
     with anyio.fail_after(30):
-        async with WorkerPool(spawn=1, discovery=LanDiscovery(lan_namespace, interfaces=LO)) \
-                as owner:
+        async with WorkerPool(spawn=1, discovery=LanDiscovery(lan_namespace, interfaces=LO),
+                              host=ROUTABLE, secret=SECRET) as owner:
             [spawned] = owner.workers
             async with WorkerPool(discovery=LanDiscovery.Subscriber(lan_namespace,
                                                                     interfaces=LO),
-                                  lazy=False, quorum=1):
+                                  lazy=False, quorum=1, secret=SECRET):
                 assert await whoami() == spawned.pid
+
+
+async def test_a_pool_announcing_unix_sockets_to_the_lan_warns(lan_namespace):
+    with anyio.fail_after(30):
+        with pytest.warns(LoopbackAdvertisementWarning, match="no other host can reach"):
+            async with WorkerPool(spawn=1, discovery=LanDiscovery(lan_namespace, interfaces=LO)):
+                pass

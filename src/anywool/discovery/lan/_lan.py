@@ -276,7 +276,7 @@ class LanDiscovery(Discovery, SingleUse):
                 ``"worker-dropped"`` withdraws it with goodbyes (no-op when unknown).
             :param metadata: the worker; its encoding is at most 6000 bytes (it travels in
                 TXT values of 250 bytes, all in one mDNS packet). An address on the loopback
-                (``127.0.0.0/8``, ``::1``, ``localhost``) warns with
+                (``127.0.0.0/8``, ``::1``, ``localhost``) or a Unix socket warns with
                 :class:`~anywool.errors.LoopbackAdvertisementWarning`: no other host can reach
                 it.
             :raises DiscoveryBlockExhausted: the metadata is larger than 6000 bytes encoded.
@@ -297,8 +297,9 @@ class LanDiscovery(Discovery, SingleUse):
             if type != "worker-dropped":
                 if _service.is_loopback(metadata.address):
                     warnings.warn(
-                        f"worker {metadata.uid} is announced to the LAN with the loopback "
-                        f"address {metadata.address!r}, which no other host can reach",
+                        f"worker {metadata.uid} is announced to the LAN with the address "
+                        f"{metadata.address!r}, which no other host can reach (a pool's "
+                        "workers listen on TCP with host=, e.g. '0.0.0.0')",
                         LoopbackAdvertisementWarning, stacklevel=2)
                 encoded = metadata.to_bytes()
                 if len(encoded) > _service.MAX_METADATA:

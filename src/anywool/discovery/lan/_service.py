@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 from collections.abc import Mapping
 from uuid import UUID
 
+from anywool import _interfaces
 from anywool._address import Address
 from anywool.metadata import WorkerMetadata
 
@@ -187,19 +187,8 @@ def decode_txt(type_: str, name: str, digest: bytes, entries: Mapping[bytes, byt
 
 
 def is_loopback(address: str) -> bool:
-    """Whether a TCP worker address names this host only: ``127.0.0.0/8``, ``::1`` (also as an
-    IPv4-mapped address) or ``localhost``. A Unix socket address is not a loopback address."""
+    """Whether a worker address reaches this host only: a Unix socket, or a TCP host that
+    :func:`anywool._interfaces.is_loopback` calls loopback."""
     parsed = Address.parse(address)
-    if parsed.host is None:
-        return False
-    host = parsed.host.rstrip(".").lower()
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_loopback
+    return parsed.host is None or _interfaces.is_loopback(parsed.host)
 
