@@ -13,13 +13,14 @@ import anyio
 import pytest
 
 from anywool._address import Address
+from anywool.runtime._wire import Frame, FrameStream, Kind
 from anywool.discovery.lan import LanDiscovery
 from anywool.errors import AuthenticationError
 from anywool.runtime._pool import WorkerPool
 from anywool.runtime._routine import routine
 
 from tests import netns
-from tests.helpers import follow
+from tests.helpers import call_payload, follow, wait_until
 from tests.integration.children import Child, start, stop
 
 pytestmark = pytest.mark.anyio
@@ -47,11 +48,22 @@ def secret_file(tmp_path: Path) -> tuple[str, Path]:
     return secret, path
 
 
-async def host(namespace: str, secret_path: Path, backend: str, workers: int = 2) -> Child:
+class Touch:
+    """Unpickling it creates ``path``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (Path(self.path).touch, ())
+
+
+async def host(namespace: str, secret_path: Path, backend: str, workers: int = 2,
+               lines: list[str] | None = None) -> Child:
     child = await start(COMMAND, "worker", "--discovery", "lan", "--namespace", namespace,
                         "--workers", str(workers), "--secret-file", str(secret_path),
                         "--interface", "127.0.0.1", "--backend", backend)
-    lines = []
+    lines = [] if lines is None else lines
     while (line := await child.readline()) != "ready":
         lines.append(line)
     assert len(lines) == workers
@@ -114,5 +126,50 @@ async def test_the_hosts_workers_leave_the_view_when_it_stops(
                         dropped.add(event.metadata.uid)
                 tg.cancel_scope.cancel()
             assert await child.wait() == 0
+        finally:
+            await stop([child])
+
+
+async def test_a_killed_worker_leaves_the_pools_choice_at_once(
+        namespace: str, secret_file: tuple[str, Path], anyio_backend: str) -> None:
+    secret, path = secret_file
+    lines: list[str] = []
+    with anyio.fail_after(60):
+        child = await host(namespace, path, anyio_backend, lines=lines)
+        try:
+            subscriber = LanDiscovery.Subscriber(namespace, interfaces=LOOPBACK, secret=secret)
+            async with WorkerPool(discovery=subscriber, secret=secret, quorum=2, lazy=False) \
+                    as pool:
+                _, killed, _, pid = lines[0].split()
+                os.kill(int(pid), signal.SIGKILL)
+                # Long before its records expire (10 s), it is out of the proxy's choice (the
+                # host replaces it meanwhile, at another address), and every call succeeds.
+                await wait_until(lambda: killed not in {w.address for w in pool.proxy.workers},
+                                 "the killed worker left the proxy's choice", timeout=5)
+                assert [await host_pid() for _ in range(10)] == [child.pid] * 10
+        finally:
+            child.process.send_signal(signal.SIGTERM)
+            await stop([child])
+
+
+async def test_an_unauthenticated_pickle_leaves_no_file_behind(
+        namespace: str, secret_file: tuple[str, Path], tmp_path: Path, anyio_backend: str) -> None:
+    _, path = secret_file
+    touched = tmp_path / "touched"
+    lines: list[str] = []
+    with anyio.fail_after(60):
+        child = await host(namespace, path, anyio_backend, workers=1, lines=lines)
+        try:
+            address = Address.parse(lines[0].split()[1])
+            assert address.host is not None and address.port is not None
+            async with await anyio.connect_tcp(address.host, address.port) as stream:
+                frames = FrameStream(stream, stream)
+                await frames.send(Frame(Kind.CALL, 1, call_payload(host_pid,
+                                                                   (Touch(str(touched)),))))
+                with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
+                    await frames.receive()  # hung up on, unanswered
+            child.process.send_signal(signal.SIGTERM)
+            assert await child.wait() == 0
+            assert not touched.exists()
         finally:
             await stop([child])
