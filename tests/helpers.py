@@ -6,7 +6,7 @@ import os
 import uuid
 from pathlib import Path
 from typing import BinaryIO
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 from anyio.abc import TaskGroup
@@ -65,6 +65,15 @@ async def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 
         while not predicate():
             await anyio.sleep(0.02)
     assert predicate(), f"timed out after {timeout} s waiting for {what}"
+
+
+async def wait_until_async(predicate: Callable[[], Awaitable[bool]], what: str,
+                           timeout: float = 10.0, interval: float = 0.05) -> None:
+    """:func:`wait_until` for a predicate that must be awaited (a question to a worker, say)."""
+    with anyio.move_on_after(timeout):
+        while not await predicate():
+            await anyio.sleep(interval)
+    assert await predicate(), f"timed out after {timeout} s waiting for {what}"
 
 
 class Signal:

@@ -12,7 +12,7 @@ import anywool
 from anywool import WorkerPool, routine
 from anywool.lowlevel import WorkerConnection, discovery_stats
 
-from ..helpers import Signal, wait_until
+from ..helpers import Signal, wait_until, wait_until_async
 
 pytestmark = pytest.mark.anyio
 
@@ -144,10 +144,10 @@ async def test_a_workers_nested_proxy_is_closed_after_disuse(monkeypatch) -> Non
             assert await attached_subscriptions() == 1  # the proxy follows the namespace
             # The proxy's subscription ends once it has gone unused for the idle timeout. (This
             # polls the worker: nothing there could be waited on from here.)
-            with anyio.move_on_after(20):
-                while await attached_subscriptions():
-                    await anyio.sleep(0.05)
-            assert await attached_subscriptions() == 0
+            async def closed() -> bool:
+                return await attached_subscriptions() == 0
+
+            await wait_until_async(closed, "the idle proxy's subscription to end", timeout=20)
             assert len(await descend(2)) == 2  # and a later nested call opens it again
             assert await attached_subscriptions() == 1
 
