@@ -76,6 +76,17 @@ async def wait_until_async(predicate: Callable[[], Awaitable[bool]], what: str,
     assert await predicate(), f"timed out after {timeout} s waiting for {what}"
 
 
+class Touch:
+    """Unpickling it creates ``path``: what a peer's payload could do if a worker unpickled it
+    (pickle it into a CALL frame's arguments)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (Path(self.path).touch, ())
+
+
 class Signal:
     """A loopback TCP listener that a routine connects to once it has started (see
     ``tests.integration.routines``): :meth:`started` returns when it has."""

@@ -16,6 +16,18 @@ async def whoami() -> int:
 
 
 @routine
+async def parent_pid() -> int:
+    """The worker's parent: the pool's process, or the ``anywool worker`` command's."""
+    return os.getppid()
+
+
+@routine
+async def letters(word: str):
+    for letter in word:
+        yield letter
+
+
+@routine
 async def value_after(seconds: float, port: int) -> int:
     """Tell the test it started (a connection to ``port``), work ``seconds``, return 7."""
     async with await anyio.connect_tcp("127.0.0.1", port) as stream:

@@ -24,7 +24,7 @@ from anywool.runtime._pool import WorkerPool
 from anywool.runtime._routine import routine
 from anywool.runtime._wire import Frame, FrameStream, Kind
 
-from ..helpers import call_payload
+from ..helpers import Touch, call_payload
 
 pytestmark = pytest.mark.anyio
 
@@ -51,16 +51,6 @@ async def scale_nested(x: int) -> int:
 @routine
 async def environment(name: str) -> str | None:
     return os.environ.get(name)
-
-
-class Touch:
-    """Unpickling it creates ``path``: what a peer's payload could do if it were unpickled."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (Path(self.path).touch, ())
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ from this one. (The LAN variant is in tests/lan.)"""
 
 from __future__ import annotations
 
-import os
 import secrets
 import signal
 from pathlib import Path
@@ -15,24 +14,13 @@ from anywool._address import Address
 from anywool.discovery.local import LocalDiscovery
 from anywool.errors import AuthenticationError
 from anywool.runtime._pool import WorkerPool
-from anywool.runtime._routine import routine
 
 from .children import Child, start, stop
+from .routines import letters, parent_pid
 
 pytestmark = pytest.mark.anyio
 
 COMMAND = "from anywool.cli import main; main()"
-
-
-@routine
-async def host_pid() -> int:
-    return os.getppid()  # the worker's parent: the command's process
-
-
-@routine
-async def letters(word: str):
-    for letter in word:
-        yield letter
 
 
 async def host(*args: str) -> tuple[Child, list[str]]:
@@ -53,7 +41,7 @@ async def test_a_pool_elsewhere_dispatches_to_the_hosted_workers(
             assert len(lines) == 2 and all(line.startswith("worker unix:/") for line in lines)
             async with WorkerPool(discovery=LocalDiscovery.Subscriber(namespace), quorum=2,
                                   lazy=False):
-                assert {await host_pid() for _ in range(4)} == {child.pid}
+                assert {await parent_pid() for _ in range(4)} == {child.pid}
                 assert [c async for c in letters("abc")] == ["a", "b", "c"]
             child.process.send_signal(signal.SIGTERM)
             assert await child.readline() == "stopped"
@@ -76,11 +64,11 @@ async def test_tcp_workers_with_a_secret_file(namespace: str, tmp_path: Path,
             assert Address.parse(line.split()[1]).host == "127.0.0.1"
             async with WorkerPool(discovery=LocalDiscovery.Subscriber(namespace),
                                   secret=secret):
-                assert await host_pid() == child.pid
+                assert await parent_pid() == child.pid
             async with WorkerPool(discovery=LocalDiscovery.Subscriber(namespace),
                                   secret=secrets.token_hex(16)):
                 with pytest.raises(AuthenticationError):
-                    await host_pid()
+                    await parent_pid()
             child.process.send_signal(signal.SIGINT)
             assert await child.readline() == "stopped"
             assert await child.wait() == 0

@@ -13,31 +13,20 @@ import anyio
 import pytest
 
 from anywool._address import Address
-from anywool.runtime._wire import Frame, FrameStream, Kind
 from anywool.discovery.lan import LanDiscovery
 from anywool.errors import AuthenticationError
 from anywool.runtime._pool import WorkerPool
-from anywool.runtime._routine import routine
+from anywool.runtime._wire import Frame, FrameStream, Kind
 
 from tests import netns
-from tests.helpers import call_payload, follow, wait_until
+from tests.helpers import Touch, call_payload, follow, wait_until
 from tests.integration.children import Child, start, stop
+from tests.integration.routines import letters, parent_pid
 
 pytestmark = pytest.mark.anyio
 
 COMMAND = "from anywool.cli import main; main()"
 LOOPBACK = ["127.0.0.1"]
-
-
-@routine
-async def host_pid() -> int:
-    return os.getppid()  # the worker's parent: the command's process
-
-
-@routine
-async def letters(word: str):
-    for letter in word:
-        yield letter
 
 
 @pytest.fixture
@@ -46,16 +35,6 @@ def secret_file(tmp_path: Path) -> tuple[str, Path]:
     path = tmp_path / "secret"
     path.write_text(secret + "\n")
     return secret, path
-
-
-class Touch:
-    """Unpickling it creates ``path``."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (Path(self.path).touch, ())
 
 
 async def host(namespace: str, secret_path: Path, backend: str, workers: int = 2,
@@ -81,7 +60,7 @@ async def test_a_pool_dispatches_to_a_lan_host(namespace: str, secret_file: tupl
         try:
             subscriber = LanDiscovery.Subscriber(namespace, interfaces=LOOPBACK, secret=secret)
             async with WorkerPool(discovery=subscriber, secret=secret, quorum=2, lazy=False):
-                assert {await host_pid() for _ in range(4)} == {child.pid}
+                assert {await parent_pid() for _ in range(4)} == {child.pid}
                 assert [c async for c in letters("lan")] == ["l", "a", "n"]
             child.process.send_signal(signal.SIGTERM)
             assert await child.readline() == "stopped"
@@ -101,7 +80,7 @@ async def test_a_wrong_secret_fails_with_authentication_error(
             async with WorkerPool(discovery=subscriber, secret=secrets.token_hex(16),
                                   quorum_timeout=30):
                 with pytest.raises(AuthenticationError, match="rejected"):
-                    await host_pid()
+                    await parent_pid()
         finally:
             child.process.send_signal(signal.SIGINT)
             await stop([child])
@@ -146,7 +125,7 @@ async def test_a_killed_worker_leaves_the_pools_choice_at_once(
                 # host replaces it meanwhile, at another address), and every call succeeds.
                 await wait_until(lambda: killed not in {w.address for w in pool.proxy.workers},
                                  "the killed worker left the proxy's choice", timeout=5)
-                assert [await host_pid() for _ in range(10)] == [child.pid] * 10
+                assert [await parent_pid() for _ in range(10)] == [child.pid] * 10
         finally:
             child.process.send_signal(signal.SIGTERM)
             await stop([child])
@@ -164,7 +143,7 @@ async def test_an_unauthenticated_pickle_leaves_no_file_behind(
             assert address.host is not None and address.port is not None
             async with await anyio.connect_tcp(address.host, address.port) as stream:
                 frames = FrameStream(stream, stream)
-                await frames.send(Frame(Kind.CALL, 1, call_payload(host_pid,
+                await frames.send(Frame(Kind.CALL, 1, call_payload(parent_pid,
                                                                    (Touch(str(touched)),))))
                 with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
                     await frames.receive()  # hung up on, unanswered
