@@ -67,7 +67,8 @@ def child(backend: str, connections: int) -> None:
 
                     async def handle(stream: SocketStream, mode: str = mode) -> None:
                         pair = creds[mode]
-                        channel = stream if pair is None else await authenticate_server(stream, pair[1])
+                        channel = stream if pair is None else await authenticate_server(
+                            stream, pair[1], address=f"127.0.0.1:{ports[mode]}")
                         async with channel:
                             try:
                                 await channel.receive()

@@ -42,7 +42,14 @@ def resolve(secret: object, parameter: str = "secret") -> bytes | None:
             return None
         secret, parameter = os.fsencode(text), f"${ENV}"
     if isinstance(secret, str):
-        secret = secret.encode()
+        try:
+            encoded: bytes | None = secret.encode()
+        except UnicodeEncodeError:
+            encoded = None
+        if encoded is None:  # raised outside the handler: the error quotes the secret
+            raise ValueError(f"{parameter} must be encodable as UTF-8 (a str with lone "
+                             "surrogates is not); pass bytes instead")
+        secret = encoded
     elif isinstance(secret, (bytearray, memoryview)):
         secret = bytes(secret)
     elif not isinstance(secret, bytes):

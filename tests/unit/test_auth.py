@@ -23,7 +23,7 @@ import trustme
 from anyio.abc import ByteStream, SocketAttribute, SocketStream
 from anyio.streams.tls import TLSAttribute, TLSStream
 
-from anywool.errors import AuthenticationError
+from anywool.errors import AuthenticationError, WorkerError
 from anywool.runtime import _auth
 from anywool.runtime._auth import Credentials, MutualTLS, authenticate_client, authenticate_server
 from anywool.runtime._wire import Frame, FrameStream, Kind
@@ -184,7 +184,8 @@ async def handshake(client_creds: Credentials, server_creds: Credentials, **clie
     client.setdefault("server_hostname", "127.0.0.1")
     async with tcp_pair() as (c, s):
         results = await both(lambda: authenticate_client(c, client_creds, **client),
-                             lambda: authenticate_server(s, server_creds))
+                             lambda: authenticate_server(s, server_creds,
+                                                         address=client["address"]))
         for result in results:
             if isinstance(result, ByteStream):
                 await result.aclose()
@@ -205,7 +206,7 @@ async def test_same_secret_yields_streams_that_carry_frames_intact(creds: Creden
                 return await frames.receive()
 
             async def server() -> Frame:
-                stream = await authenticate_server(s, Credentials(creds.secret))
+                stream = await authenticate_server(s, Credentials(creds.secret), address="w")
                 frames = FrameStream(stream, stream)
                 # Sent at once, so it may share a segment with our proof: nothing is lost.
                 await frames.send(Frame(Kind.RESULT, 7, b"to the client"))
@@ -239,7 +240,8 @@ async def test_server_reads_nothing_past_a_failed_proof(secret: bytes) -> None:
                 await c.send(secrets.token_bytes(PROOF) + b"P" * 4096)  # a payload right after
                 return await read_to_end(c)
 
-            answer, at_server = await both(attacker, lambda: authenticate_server(recording, Credentials(secret)))
+            answer, at_server = await both(
+                attacker, lambda: authenticate_server(recording, Credentials(secret), address="w"))
     assert isinstance(at_server, AuthenticationError)
     assert len(recording.received) == HELLO + PROOF  # the payload was never read
     assert answer in (b"", b"\x15")  # a rejection, or a reset that lost it: never a proof
@@ -287,7 +289,7 @@ async def test_server_refuses_a_peer_that_is_not_anywool_and_says_nothing(creds:
                 await c.send(b"GET / HTTP/1.1\r\nHost: worker\r\n\r\n")
                 return await read_to_end(c)
 
-            answer, at_server = await both(browser, lambda: authenticate_server(s, creds))
+            answer, at_server = await both(browser, lambda: authenticate_server(s, creds, address="w"))
     assert answer == b""
     assert isinstance(at_server, AuthenticationError)
     assert "is not anywool" in at_server.reason and "GET / HT" in at_server.reason
@@ -316,7 +318,8 @@ async def test_another_version_is_named_by_the_server(creds: Credentials) -> Non
                 await c.send(hello(b"C", version=2))
                 return await read_to_end(c)
 
-            answer, at_server = await both(future_client, lambda: authenticate_server(s, creds))
+            answer, at_server = await both(
+                future_client, lambda: authenticate_server(s, creds, address="w"))
     assert isinstance(at_server, AuthenticationError)
     assert "version 2" in at_server.reason and "we speak version 1" in at_server.reason
     assert answer[:8] == b"anywool\x01"  # our hello, so that the other side can say why too
@@ -361,18 +364,34 @@ async def test_server_gives_up_on_a_stalled_client(creds: Credentials) -> None:
         async with tcp_pair() as (c, s):
             await c.send(b"anywool")  # a start, then nothing
             with pytest.raises(AuthenticationError) as info:
-                await authenticate_server(s, creds, timeout=0.2)
+                await authenticate_server(s, creds, timeout=0.2, address="w")
     assert "within 0.2 s" in info.value.reason
 
 
 async def test_client_gives_up_on_a_stalled_worker(creds: Credentials) -> None:
     with anyio.fail_after(LIMIT):
         async with tcp_pair() as (c, _):
-            with pytest.raises(AuthenticationError) as info:
+            with pytest.raises(WorkerError) as info:
                 await authenticate_client(c, creds, address="w", server_hostname=None, timeout=0.2)
             with pytest.raises(anyio.ClosedResourceError):
                 await c.send(b"x")
-    assert "did not complete authentication within 0.2 s" in info.value.reason
+    # A slow worker (a blocked event loop, say) is not one that rejected our credentials.
+    assert not isinstance(info.value, AuthenticationError)
+    assert "did not complete the authentication handshake within 0.2 s" in info.value.reason
+
+
+async def test_a_proof_for_another_address_is_rejected(creds: Credentials) -> None:
+    # A peer that a client dialed relays the handshake to a real worker elsewhere: the client's
+    # proof covers the address it dialed, not the real worker's, so that worker rejects it.
+    with anyio.fail_after(LIMIT):
+        async with tcp_pair() as (c, s):
+            at_client, at_server = await both(
+                lambda: authenticate_client(c, creds, address="10.0.0.9:4000",
+                                            server_hostname=None),
+                lambda: authenticate_server(s, creds, address="10.0.0.7:4000"))
+    assert isinstance(at_client, AuthenticationError) and "rejected" in at_client.reason
+    assert isinstance(at_server, AuthenticationError)
+    assert "dialed another address than 10.0.0.7:4000" in at_server.reason
 
 
 async def test_cancelled_client_closes_its_stream(creds: Credentials) -> None:
@@ -400,7 +419,7 @@ async def test_a_client_transcript_replayed_to_a_new_connection_fails(creds: Cre
             recording = Recording(s)
             at_client, at_server = await both(
                 lambda: authenticate_client(c, creds, address="w", server_hostname=None),
-                lambda: authenticate_server(recording, creds))
+                lambda: authenticate_server(recording, creds, address="w"))
             assert isinstance(at_client, ByteStream) and isinstance(at_server, ByteStream)
         transcript = bytes(recording.received)
         assert len(transcript) == HELLO + PROOF
@@ -411,7 +430,7 @@ async def test_a_client_transcript_replayed_to_a_new_connection_fails(creds: Cre
                 await c.send(transcript)
                 return await read_to_end(c)
 
-            answer, at_server = await both(replay, lambda: authenticate_server(s, creds))
+            answer, at_server = await both(replay, lambda: authenticate_server(s, creds, address="w"))
     assert isinstance(at_server, AuthenticationError)
     assert "proof is wrong" in at_server.reason
     assert answer[HELLO:] in (b"", b"\x15")
@@ -423,7 +442,7 @@ async def test_a_worker_transcript_replayed_to_a_new_client_fails(creds: Credent
             recording = Recording(c)
             at_client, at_server = await both(
                 lambda: authenticate_client(recording, creds, address="w", server_hostname=None),
-                lambda: authenticate_server(s, creds))
+                lambda: authenticate_server(s, creds, address="w"))
             assert isinstance(at_client, ByteStream) and isinstance(at_server, ByteStream)
         transcript = bytes(recording.received)
         assert len(transcript) == HELLO + 1 + PROOF
@@ -484,8 +503,8 @@ async def test_a_worker_hello_reflected_to_another_connection_is_refused(creds: 
                 return await read_to_end(c2)
 
             async def servers() -> tuple[Any, Any]:
-                return await both(lambda: authenticate_server(s1, creds),
-                                  lambda: authenticate_server(s2, creds))
+                return await both(lambda: authenticate_server(s1, creds, address="w"),
+                                  lambda: authenticate_server(s2, creds, address="w"))
 
             answer, (_, at_second) = await both(attacker, servers)
             await c1.aclose()
@@ -511,7 +530,8 @@ async def test_mutual_tls_authenticates_both_and_carries_frames(worker_id: Ident
                             stream.extra(TLSAttribute.peer_certificate))
 
             async def server() -> tuple[Frame, object]:
-                stream = await authenticate_server(s, Credentials(tls=worker_id.tls()))
+                stream = await authenticate_server(s, Credentials(tls=worker_id.tls()),
+                                                   address="w")
                 async with stream:
                     frames = FrameStream(stream, stream)
                     await frames.send(Frame(Kind.RESULT, 1, b"ho"))
@@ -550,7 +570,8 @@ async def test_client_without_a_certificate_is_rejected(worker_id: Identity) -> 
                     return b""
 
             answer, at_server = await both(
-                anonymous, lambda: authenticate_server(s, Credentials(tls=worker_id.tls())))
+                anonymous,
+                lambda: authenticate_server(s, Credentials(tls=worker_id.tls()), address="w"))
     assert answer == b""
     assert isinstance(at_server, AuthenticationError)
     assert "TLS handshake failed" in at_server.reason and "CERTIFICATE" in at_server.reason
@@ -738,3 +759,9 @@ async def test_renewed_certificate_files_are_picked_up(tmp_path: Path, ca: trust
         second, _ = await handshake(Credentials(tls=tls), Credentials(tls=worker_id.tls()))
     assert isinstance(second, AuthenticationError)
     assert "does not verify" in second.reason
+
+
+def test_a_str_secret_that_utf8_cannot_encode_is_refused_without_showing_it() -> None:
+    with pytest.raises(ValueError, match="encodable as UTF-8") as info:
+        Credentials.resolve("sixteen-or-more-\udc80-bytes", None)
+    assert "sixteen" not in str(info.value) and info.value.__context__ is None

@@ -20,12 +20,14 @@ Protocol, version 1. Every message has a fixed size; nothing a peer sends is eve
     1. client -> worker   hello_c
     2. worker -> client   hello_w                       (sent once hello_c is well formed)
        -- without a secret both sides are done here --
-    3. client -> worker   proof_c = HMAC-SHA256(K, L_C | hello_c | hello_w)            32 bytes
+    3. client -> worker   proof_c = HMAC-SHA256(K, L_C | hello_c | hello_w | A)        32 bytes
     4. worker -> client   ACCEPT (0x06) | proof_w = HMAC-SHA256(K, L_W | hello_c | hello_w
-                          | proof_c)                                                    33 bytes
+                          | A | proof_c)                                                33 bytes
                        or REJECT (0x15), then it hangs up                                1 byte
 
     L_C = b"anywool auth v1: client proof\\0", L_W = b"anywool auth v1: worker proof\\0"
+    A   = len(address) (2 bytes) | address: the worker's address as it announces it, which is
+          the address the client dialed (``"host:port"``, canonical)
 
 The worker reads at most 42 + 32 = 74 bytes before the client is authenticated (exactly the
 sizes above, with reads that never ask for more than what is missing, so a byte after the
@@ -46,12 +48,16 @@ proved itself. Why it holds:
   random nonce and a verdict, and never computes a proof for it; only a peer that makes a client
   connect to it can collect a client proof, and that proof covers the client's fresh nonce, so it
   is no use on any other connection (to a real worker, whose nonce is fresh too).
+* The proofs cover the worker's address, the one the client dialed. A peer that gets a client to
+  dial it (a port squatted after a worker died, say) and relays the handshake to a real worker
+  gets nothing: the real worker computes the proof with its own address, which is not the one
+  the client dialed, and rejects it.
 * The verdict byte lets the client tell "the worker rejected our credentials" from "the worker
   could not prove it holds the secret" and from "not an anywool worker".
 
 Limits, said plainly. Without TLS the handshake authenticates the peers, not the bytes after it:
-an active on-path attacker can relay a handshake between a real client and worker and then
-inject into the TCP stream. Use TLS where the network path is not trusted. A secret made of few
+an active attacker on the network path to the dialed address itself can let a handshake through
+and then inject into the TCP stream. Use TLS where the network path is not trusted. A secret made of few
 random bytes (a human passphrase) can be guessed offline from one recorded client proof; use
 ``secrets.token_hex(16)`` or longer.
 """
@@ -72,7 +78,7 @@ from anyio.streams.tls import TLSStream
 
 from anywool import _secret
 from anywool._address import Address
-from anywool.errors import AuthenticationError
+from anywool.errors import AuthenticationError, WorkerError
 
 __all__ = [
     "HANDSHAKE_TIMEOUT",
@@ -382,15 +388,18 @@ async def authenticate_client(
     :param stream: a connected byte stream (TCP), nothing sent or read on it yet.
     :param credentials: ours; the worker must hold the same secret and/or a certificate from
         our CA.
-    :param address: the worker's address, for the error (``"host:port"``).
+    :param address: the worker's address as discovery announced it and we dialed it
+        (``"host:port"``): the proofs cover it, and the error names it.
     :param server_hostname: the host name or IP address the worker's certificate must name;
         required with ``tls``, ignored without.
     :param timeout: seconds (> 0, ``math.inf`` for none) for the whole handshake, TLS included.
     :raises AuthenticationError: (with ``address`` and a reason) the worker rejected our
-        credentials (it sent a rejection or hung up), could not prove it holds the secret, is
-        configured otherwise (a secret on one side only), presented a certificate that does not
-        verify, is not an anywool worker or speaks another version of the handshake, or did not
-        finish within ``timeout``.
+        credentials (it sent a rejection or hung up: another secret, or it announces another
+        address than ``address``), could not prove it holds the secret, is configured otherwise
+        (a secret on one side only), presented a certificate that does not verify, or is not an
+        anywool worker or speaks another version of the handshake.
+    :raises WorkerError: the worker did not finish the handshake within ``timeout`` (a worker
+        whose event loop is blocked does that; it says nothing about our credentials).
     :raises TypeError: ``credentials`` is not a :class:`Credentials`, or ``timeout`` not a
         number.
     :raises ValueError: ``tls`` without ``server_hostname``, or ``timeout`` is not > 0.
@@ -404,8 +413,9 @@ async def authenticate_client(
             raise ValueError("server_hostname is required with tls (the name the worker's "
                              "certificate must hold)")
         with anyio.move_on_after(timeout):
-            return await _client(stream, credentials, server_hostname)
-        raise _Failed(f"the worker did not complete authentication within {timeout:g} s")
+            return await _client(stream, credentials, server_hostname, address)
+        raise WorkerError(address, f"did not complete the authentication handshake within "
+                                   f"{timeout:g} s (is its event loop blocked?)")
     except _Failed as exc:
         await anyio.aclose_forcefully(stream)
         raise AuthenticationError(address, exc.reason) from exc.__cause__
@@ -418,6 +428,7 @@ async def authenticate_server(
     stream: ByteStream,
     credentials: Credentials,
     *,
+    address: str,
     timeout: float = HANDSHAKE_TIMEOUT,
 ) -> ByteStream:
     """Authenticate a freshly accepted connection, both ways (the mirror of
@@ -432,6 +443,8 @@ async def authenticate_server(
     :param stream: an accepted byte stream (TCP), nothing sent or read on it yet.
     :param credentials: ours; the client must hold the same secret and/or a certificate from
         our CA.
+    :param address: the address this worker announces (``"host:port"``): the client's proof
+        must be over the address it dialed, and that must be this one.
     :param timeout: seconds (> 0, ``math.inf`` for none) for the whole handshake, TLS included.
     :raises AuthenticationError: (with the peer's address, ``"host:port"``, and a reason) the
         client's proof is wrong, its certificate is missing or does not verify, it is configured
@@ -448,7 +461,7 @@ async def authenticate_server(
     try:
         _check(credentials, timeout)
         with anyio.move_on_after(timeout):
-            return await _server(stream, credentials)
+            return await _server(stream, credentials, address)
         raise _Failed(f"the client did not complete authentication within {timeout:g} s")
     except _Failed as exc:
         await anyio.aclose_forcefully(stream)
@@ -468,7 +481,7 @@ def _check(credentials: object, timeout: object) -> None:
 
 
 async def _client(stream: ByteStream, credentials: Credentials,
-                  server_hostname: str | None) -> ByteStream:
+                  server_hostname: str | None, address: str) -> ByteStream:
     channel = stream
     if credentials.tls is not None:
         channel = await _wrap(stream, credentials.tls, server_side=False, hostname=server_hostname)
@@ -478,23 +491,24 @@ async def _client(stream: ByteStream, credentials: Credentials,
     _compare_flags(ours, theirs, peer="worker")
     if credentials.secret is None:
         return channel
-    proof = _mac(credentials.secret, _CLIENT_LABEL, ours, theirs)
+    proof = _mac(credentials.secret, _CLIENT_LABEL, ours, theirs, address)
     await _send(channel, proof, "the worker hung up before our proof")
     verdict = await _read(channel, 1, "the worker rejected our credentials (it hung up after "
                                       "our proof: it holds another secret)")
     if verdict != _ACCEPT:
         if verdict == _REJECT:
             raise _Failed("the worker rejected our credentials (our proof is wrong: it holds "
-                          "another secret)")
+                          "another secret, or announces another address than the one we "
+                          "dialed)")
         raise _Failed(f"the worker answered our proof with {verdict!r}, not a verdict")
     their_proof = await _read(channel, _PROOF, "the worker hung up inside its proof")
-    expected = _mac(credentials.secret, _WORKER_LABEL, ours, theirs, proof)
+    expected = _mac(credentials.secret, _WORKER_LABEL, ours, theirs, address, proof)
     if not hmac.compare_digest(their_proof, expected):
         raise _Failed("the worker could not prove it holds the secret (its proof is wrong)")
     return channel
 
 
-async def _server(stream: ByteStream, credentials: Credentials) -> ByteStream:
+async def _server(stream: ByteStream, credentials: Credentials, address: str) -> ByteStream:
     channel = stream
     if credentials.tls is not None:
         channel = await _wrap(stream, credentials.tls, server_side=True, hostname=None)
@@ -513,14 +527,16 @@ async def _server(stream: ByteStream, credentials: Credentials) -> ByteStream:
     if credentials.secret is None:
         return channel
     their_proof = await _read(channel, _PROOF, "the client hung up before its proof")
-    if not hmac.compare_digest(their_proof, _mac(credentials.secret, _CLIENT_LABEL, theirs, ours)):
+    expected = _mac(credentials.secret, _CLIENT_LABEL, theirs, ours, address)
+    if not hmac.compare_digest(their_proof, expected):
         with anyio.move_on_after(0.1):  # a courtesy; the client copes with a hang-up too
             try:
                 await channel.send(_REJECT)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, ssl.SSLError):
                 pass
-        raise _Failed("the client's proof is wrong: it does not hold this worker's secret")
-    proof = _mac(credentials.secret, _WORKER_LABEL, theirs, ours, their_proof)
+        raise _Failed("the client's proof is wrong: it does not hold this worker's secret, or "
+                      f"it dialed another address than {address}")
+    proof = _mac(credentials.secret, _WORKER_LABEL, theirs, ours, address, their_proof)
     await _send(channel, _ACCEPT + proof, "the client hung up before our proof")
     return channel
 
@@ -601,10 +617,13 @@ def _compare_flags(ours: bytes, theirs: bytes, *, peer: str) -> None:
         raise _Failed(f"the {peer}'s hello disagrees with ours about TLS")
 
 
-def _mac(secret: bytes, label: bytes, hello_c: bytes, hello_w: bytes, proof_c: bytes = b"") -> bytes:
-    # The client's hello first, whichever side computes it; every part has a fixed size, so
-    # the concatenation is unambiguous.
-    return hmac.digest(secret, label + hello_c + hello_w + proof_c, "sha256")
+def _mac(secret: bytes, label: bytes, hello_c: bytes, hello_w: bytes, address: str,
+         proof_c: bytes = b"") -> bytes:
+    # The client's hello first, whichever side computes it; every part has a fixed size or its
+    # length in front, so the concatenation is unambiguous.
+    where = address.encode()
+    return hmac.digest(secret, label + hello_c + hello_w + len(where).to_bytes(2, "big") + where
+                       + proof_c, "sha256")
 
 
 async def _send(channel: ByteStream, data: bytes, gone: str) -> None:
