@@ -11,8 +11,12 @@ import anyio
 import psutil
 import pytest
 
+import anyio.abc
+
 from anywool import LocalWorker, WorkerError, WorkerPool, routine
+from anywool._address import Address
 from anywool.lowlevel import WorkerConnection
+from anywool.runtime._auth import Credentials
 from anywool.runtime._wire import DEFAULT_MAX_FRAME_SIZE, Frame, FrameError, FrameStream, Kind
 
 from ..helpers import Signal, call_payload, exception_of, step_payload, wait_until
@@ -182,15 +186,31 @@ async def test_a_worker_that_dies_mid_call_fails_that_call_and_is_evicted(
             assert not (tmp_path / "never").exists()
 
 
-async def test_a_worker_out_of_descriptors_waits_for_some_and_goes_on_serving() -> None:
+SECRET = b"the robustness tests' secret"
+
+
+async def _connect(address: str) -> anyio.abc.ByteStream:
+    parsed = Address.parse(address)
+    if parsed.path is not None:
+        return await anyio.connect_unix(parsed.path)
+    assert parsed.host is not None and parsed.port is not None
+    return await anyio.connect_tcp(parsed.host, parsed.port)
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+async def test_a_worker_out_of_descriptors_waits_for_some_and_goes_on_serving(
+        transport: str) -> None:
+    # Under asyncio, anyio reports a TCP listener's EMFILE unwrapped, a Unix one's wrapped.
+    tcp = {"host": "127.0.0.1", "secret": SECRET} if transport == "tcp" else {}
+    credentials = Credentials(SECRET) if tcp else None
     with anyio.fail_after(60):
-        async with LocalWorker() as worker, WorkerConnection(worker.address) as good:
+        async with LocalWorker(**tcp) as worker, WorkerConnection(
+                worker.address, credentials=credentials) as good:
             process = psutil.Process(worker.pid)
             soft, hard = process.rlimit(psutil.RLIMIT_NOFILE)
             limit = process.num_fds() + 2
             process.rlimit(psutil.RLIMIT_NOFILE, (limit, hard))
-            path = worker.address.removeprefix("unix:")
-            waiting = [await anyio.connect_unix(path) for _ in range(6)]  # in the backlog
+            waiting = [await _connect(worker.address) for _ in range(6)]  # in the backlog
             try:
                 await wait_until(lambda: process.num_fds() >= limit,
                                  "the worker to run out of descriptors")
@@ -199,11 +219,34 @@ async def test_a_worker_out_of_descriptors_waits_for_some_and_goes_on_serving() 
                 # With descriptors again, it accepts what waited, and new clients.
                 await wait_until(lambda: process.num_fds() >= limit + 4,
                                  "the worker to accept the waiting clients")
-                async with WorkerConnection(worker.address) as late:
+                async with WorkerConnection(worker.address, credentials=credentials) as late:
                     assert await late.call(double.__wrapped__, (4,), {}) == 8
+                assert process.is_running() and process.status() != psutil.STATUS_ZOMBIE
             finally:
                 for stream in waiting:
                     await stream.aclose()
+
+
+async def test_a_flood_of_unauthenticated_peers_holds_a_bounded_number_of_descriptors() -> None:
+    from anywool.runtime._worker import MAX_HANDSHAKES
+
+    with anyio.fail_after(60):
+        async with LocalWorker(host="127.0.0.1", secret=SECRET) as worker, WorkerConnection(
+                worker.address, credentials=Credentials(SECRET)) as good:
+            process = psutil.Process(worker.pid)
+            before = process.num_fds()
+            silent = [await _connect(worker.address) for _ in range(MAX_HANDSHAKES + 40)]
+            try:
+                await wait_until(lambda: process.num_fds() >= before + MAX_HANDSHAKES,
+                                 "the worker to take as many handshakes as it runs at once")
+                # The others wait in the kernel's backlog, not in the worker's descriptors.
+                assert process.num_fds() <= before + MAX_HANDSHAKES + 2
+                assert await good.call(double.__wrapped__, (5,), {}) == 10
+            finally:
+                for stream in silent:
+                    await stream.aclose()
+            async with WorkerConnection(worker.address, credentials=Credentials(SECRET)) as late:
+                assert await late.call(double.__wrapped__, (6,), {}) == 12
 
 
 @routine

@@ -36,7 +36,7 @@ from anywool.errors import WorkerError
 from anywool.metadata import WorkerMetadata
 from anywool.runtime import _auth, _socket_dir
 from anywool.runtime._peer import PEER_GONE
-from anywool.runtime._worker import MAX_CONCURRENCY, PARENT_PID_ENV, SYS_PATH_ENV
+from anywool.runtime._worker import MAX_CONCURRENCY, PARENT_PID_ENV, STARTUP_ERROR, SYS_PATH_ENV
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +79,11 @@ def tcp_endpoint(host: object, secret: object, tls: object
         return None, credentials
     if not isinstance(host, str):
         raise TypeError(f"host must be a str (a host name or IP address), got {host!r}")
+    if not host:
+        raise ValueError("host must be a host name or IP address (\"0.0.0.0\" for every "
+                         "interface), got ''")
     try:
-        bind = Address.tcp(host or "0.0.0.0", 0)
+        bind = Address.tcp(host, 0)
     except ValueError as exc:
         raise ValueError(f"host must be a host name or IP address, got {host!r}: {exc}") from None
     if credentials is None:
@@ -246,6 +249,10 @@ class LocalWorker(SingleUse):
                 f"exited (code {process.returncode}) before reporting its address; see its stderr",
             ) from None
         text = line.decode(errors="replace").strip()
+        if text.startswith(STARTUP_ERROR):
+            with anyio.move_on_after(1.0):
+                await process.wait()
+            raise WorkerError(f"pid {process.pid}", text[len(STARTUP_ERROR):])
         try:
             return str(Address.parse(text))
         except ValueError as exc:

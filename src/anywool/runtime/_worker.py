@@ -44,6 +44,7 @@ import argparse
 import functools
 import json
 import logging
+import math
 import os
 import select
 import signal
@@ -69,6 +70,8 @@ from anywool.runtime._server import LINGER, REPLY_TIMEOUT, Server
 log = logging.getLogger("anywool.worker")
 
 SYS_PATH_ENV = "ANYWOOL_WORKER_SYS_PATH"
+#: What the line on stdout starts with when the worker cannot start, instead of an address.
+STARTUP_ERROR = "error: "
 PARENT_PID_ENV = "ANYWOOL_WORKER_PARENT_PID"
 
 # Once its parent is gone (stdin hung up), the seconds a worker has to stop by itself before it
@@ -76,6 +79,10 @@ PARENT_PID_ENV = "ANYWOOL_WORKER_PARENT_PID"
 _ORPHAN_GRACE = 5.0
 # Seconds between tries to accept a connection while the process is out of descriptors.
 _ACCEPT_BACKOFF = 0.1
+#: The most peers a TCP worker authenticates at once; more wait in the kernel's backlog.
+MAX_HANDSHAKES = 64
+# Seconds between two log lines about refused peers (the others are counted in the next).
+_LOG_EVERY = 60.0
 #: The largest ``--max-concurrency``.
 MAX_CONCURRENCY = 1 << 20
 _ORPHANED_EXIT_CODE = 70
@@ -99,7 +106,14 @@ async def _open_listener(
         return listener, address, None, path
     assert address.host is not None and address.port is not None
     host = address.host
-    tcp = await anyio.create_tcp_listener(local_host=host, local_port=address.port)
+    try:
+        tcp = await anyio.create_tcp_listener(local_host=host, local_port=address.port)
+    except OSError as exc:  # gaierror included: a name that does not resolve
+        # Said on stdout, where the parent waits for the address: one line it can raise.
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        sys.stdout.write(f"{STARTUP_ERROR}cannot listen on {address}: {reason}\n")
+        sys.stdout.flush()
+        raise SystemExit(1) from None
     port = tcp.extra(SocketAttribute.local_port)
     if host in _interfaces.WILDCARDS:
         host = _interfaces.routable_host(host)
@@ -131,44 +145,77 @@ def _sockets(listener: Listener[ByteStream]) -> list[SocketListener]:
     return [cast(SocketListener, listener)]
 
 
-def _authenticated(handler: Callable[[ByteStream], Coroutine[Any, Any, None]],
-                   credentials: _auth.Credentials
-                   ) -> Callable[[ByteStream], Coroutine[Any, Any, None]]:
-    """``handler`` for the streams whose peer authenticates; the others are closed before any
-    of their frames is read."""
+class _Gatekeeper:
+    """Authenticates each TCP peer before its connection is served, a bounded number at a time.
 
-    async def handle(stream: ByteStream) -> None:
-        try:
-            stream = await _auth.authenticate_server(stream, credentials)
-        except AuthenticationError as exc:
-            log.warning("refused a connection: %s", exc)
-            await anyio.aclose_forcefully(stream)
-            return
-        await handler(stream)
+    At most :data:`MAX_HANDSHAKES` handshakes run at once; the accept loop takes a place before
+    it accepts, so a flood of peers that never authenticate waits in the kernel's backlog rather
+    than holding the worker's descriptors (each waits at most the handshake timeout, 5 s). A
+    refused peer is closed before any of its frames is read. Refusals are logged once per
+    :data:`_LOG_EVERY` seconds with a count, so that peers cannot fill the log.
+    """
 
-    return handle
+    def __init__(self, credentials: _auth.Credentials, address: str) -> None:
+        self.credentials = credentials
+        self.address = address
+        self.places = anyio.Semaphore(MAX_HANDSHAKES)
+        self._refused = 0
+        self._logged_at = -math.inf
+
+    def wrap(self, handler: Callable[[ByteStream], Coroutine[Any, Any, None]]
+             ) -> Callable[[ByteStream], Coroutine[Any, Any, None]]:
+        async def handle(stream: ByteStream) -> None:
+            try:
+                stream = await _auth.authenticate_server(stream, self.credentials,
+                                                         address=self.address)
+            except AuthenticationError as exc:
+                self._refuse(exc)
+                return
+            finally:
+                self.places.release()  # taken by the accept loop
+            await handler(stream)
+
+        return handle
+
+    def _refuse(self, exc: AuthenticationError) -> None:
+        self._refused += 1
+        now = time.monotonic()
+        if now - self._logged_at >= _LOG_EVERY:
+            more = (f" ({self._refused - 1} more refused in the last {_LOG_EVERY:.0f} s)"
+                    if self._refused > 1 else "")
+            log.warning("refused a connection from %s: %s%s", exc.address, exc.reason, more)
+            self._logged_at, self._refused = now, 0
+        else:
+            log.debug("refused a connection from %s: %s", exc.address, exc.reason)
 
 
 async def _accept(listener: SocketListener,
                   handler: Callable[[ByteStream], Coroutine[Any, Any, None]],
-                  handlers: TaskGroup) -> None:
+                  handlers: TaskGroup, places: anyio.Semaphore | None = None) -> None:
     # Handlers run in ``handlers``. Closing the listener stops accepting, nothing else: under
     # asyncio, anyio's close deregisters the pending accept before waking it, whereas cancelling
     # it can make the loop report InvalidStateError if a client connects in that iteration.
     # Out of descriptors or memory, the worker waits for some to be freed (the pending client
-    # stays in the backlog) and goes on serving what it has.
+    # stays in the backlog) and goes on serving what it has. With ``places``, it takes one
+    # before each accept; the handler gives it back.
     warned = False
     while True:
+        if places is not None:
+            await places.acquire()
         try:
             stream = await listener.accept()
         except anyio.ClosedResourceError:
             return
-        except anyio.BrokenResourceError as exc:
-            if not exhausted(exc.__cause__):
+        except (anyio.BrokenResourceError, OSError) as exc:
+            # anyio wraps the error of a Unix listener, not that of a TCP one under asyncio.
+            cause = exc.__cause__ if isinstance(exc, anyio.BrokenResourceError) else exc
+            if not exhausted(cause):
                 raise
+            if places is not None:
+                places.release()
             if not warned:
                 log.warning("cannot accept a connection (%s); trying again every %s s",
-                            exc.__cause__, _ACCEPT_BACKOFF)
+                            cause, _ACCEPT_BACKOFF)
                 warned = True
             await anyio.sleep(_ACCEPT_BACKOFF)
             continue
@@ -212,12 +259,13 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
                 main_tg.start_soon(worker.watch_parent, lifeline.parent)
             main_tg.start_soon(worker.watch_signals)
             async with anyio.create_task_group() as serving:
-                handler = worker.handle
+                handler, places = worker.handle, None
                 if not announced.is_unix:
                     assert credentials is not None
-                    handler = _authenticated(handler, credentials)
+                    gate = _Gatekeeper(credentials, str(announced))
+                    handler, places = gate.wrap(handler), gate.places
                 for one in _sockets(listener):
-                    serving.start_soon(_accept, one, handler, serving)
+                    serving.start_soon(_accept, one, handler, serving, places)
                 sys.stdout.write(f"{announced}\n")
                 sys.stdout.flush()
                 os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # later output → stderr
@@ -357,6 +405,9 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="anywool.worker[%(process)d] %(message)s")
     # Default SIGINT handling would raise KeyboardInterrupt; we want "drain" instead.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # An ignored signal stays ignored across exec: a parent that ignores SIGTERM (as the
+    # `anywool worker` command does around its own handling) must not make us ignore it.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # Before any thread, event loop or listener exists: the sidecar is forked from us as we are.
     lifeline = _start_lifeline(options.address, options.home)
     control = _take_stdin()
