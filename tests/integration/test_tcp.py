@@ -10,6 +10,7 @@ import secrets
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import psutil
 import pytest
 import trustme
@@ -18,7 +19,8 @@ from anywool import _interfaces
 from anywool._address import Address
 from anywool.discovery.local import LocalDiscovery
 from anywool.errors import AuthenticationError, NoWorkersAvailable
-from anywool.runtime._auth import MutualTLS
+from anywool.lowlevel import WorkerConnection
+from anywool.runtime._auth import Credentials, MutualTLS
 from anywool.runtime._local_worker import LocalWorker
 from anywool.runtime._pool import WorkerPool
 from anywool.runtime._routine import routine
@@ -226,3 +228,49 @@ def test_a_bad_host_is_refused() -> None:
         LocalWorker(host="a:b", secret=SECRET)
     with pytest.raises(TypeError, match="host"):
         LocalWorker(host=1, secret=SECRET)  # type: ignore[arg-type]
+
+
+async def test_a_relay_gets_nothing_from_a_client_that_dialed_it() -> None:
+    # A peer that a client dials (say, on the port of a worker that died) relays every byte to
+    # a real worker: the client's proof covers the address it dialed, so the worker refuses.
+    async def relay(client: anyio.abc.SocketStream, target: Address) -> None:
+        assert target.host is not None and target.port is not None
+        async with client, await anyio.connect_tcp(target.host, target.port) as upstream:
+            async def pump(source: anyio.abc.ByteStream, sink: anyio.abc.ByteStream) -> None:
+                try:
+                    async for chunk in source:
+                        await sink.send(chunk)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    pass
+                finally:
+                    await anyio.aclose_forcefully(sink)
+
+            async with anyio.create_task_group() as pumps:
+                pumps.start_soon(pump, client, upstream)
+                pumps.start_soon(pump, upstream, client)
+
+    with anyio.fail_after(30):
+        async with LocalWorker(host="127.0.0.1", secret=SECRET) as worker, \
+                await anyio.create_tcp_listener(local_host="127.0.0.1") as listener, \
+                anyio.create_task_group() as tg:
+            port = listener.extra(anyio.abc.SocketAttribute.local_port)
+            tg.start_soon(listener.serve, lambda s: relay(s, tcp(worker.address)))
+            credentials = Credentials(SECRET)
+            with pytest.raises(AuthenticationError, match="rejected"):
+                async with WorkerConnection(f"127.0.0.1:{port}", credentials=credentials):
+                    pass
+            async with WorkerConnection(worker.address, credentials=credentials) as direct:
+                assert await direct.call(scale.__wrapped__, (2,), {}) == 4
+            tg.cancel_scope.cancel()
+
+
+async def test_a_quorum_short_of_rejecting_workers_says_so(namespace: str) -> None:
+    with anyio.fail_after(30):
+        async with LocalDiscovery(namespace) as discovery, \
+                WorkerPool(spawn=1, discovery=discovery, host="127.0.0.1", secret=SECRET), \
+                WorkerPool(spawn=1, discovery=discovery, host="127.0.0.1",
+                           secret=b"the other pool's secret........"):
+            async with WorkerPool(discovery=LocalDiscovery.Subscriber(namespace), quorum=2,
+                                  quorum_timeout=2, secret=SECRET):
+                with pytest.raises(NoWorkersAvailable, match="1 refused to authenticate us"):
+                    await scale(1)

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 # Reconnection backoff after a lost connection to a worker that is still announced (seconds).
 _BACKOFF_FIRST = 0.05
 _BACKOFF_MAX = 2.0
+_REJECTED_BACKOFF_MAX = 30.0
 # At exit, how long calls still running after the drain get to acknowledge their cancellation.
 _CANCEL_AT_EXIT = 1.0
 # Once the quorum is met, how long at most the first dispatch also waits for the first
@@ -401,6 +402,7 @@ class WorkerProxy(SingleUse):
         failures = 0
         try:
             while not admitted.dropped:
+                rejected = False
                 wakeup = admitted.wakeup = anyio.Event()
                 address = admitted.metadata.address
 
@@ -442,11 +444,13 @@ class WorkerProxy(SingleUse):
                             await connection.wait_idle()
                 except AuthenticationError as exc:
                     self._rejected[uid] = exc
+                    rejected = True
                     (log.warning if failures == 0 else log.debug)(
-                        "could not use worker %s: %s", address, exc)
+                        "could not use worker %s: authentication failed: %s", address,
+                        exc.reason)
                 except WorkerError as exc:
                     (log.warning if failures == 0 else log.debug)(
-                        "could not use worker %s: %s", address, exc)
+                        "could not use worker %s: %s", address, exc.reason)
                 except Exception:
                     # Never let one worker's failure end the proxy's task group (which would
                     # cancel the block it encloses): treat it as a failed connection.
@@ -461,7 +465,9 @@ class WorkerProxy(SingleUse):
                 if admitted.dropped or address != admitted.metadata.address:
                     continue  # dropped: the loop ends; moved: reconnect at once
                 failures += 1
-                delay = min(_BACKOFF_FIRST * 2 ** (failures - 1), _BACKOFF_MAX)
+                # A worker that refused our credentials will refuse them again: try it seldom.
+                delay = min(_BACKOFF_FIRST * 2 ** (failures - 1),
+                            _REJECTED_BACKOFF_MAX if rejected else _BACKOFF_MAX)
                 if failures == 1:
                     log.info("lost worker %s; reconnecting while it is announced", address)
                 admitted.wakeup = anyio.Event()
@@ -506,17 +512,22 @@ class WorkerProxy(SingleUse):
             # than that there are none.
             latest = next(reversed(self._rejected.values()))
             raise AuthenticationError(*latest.args)  # a fresh one: raised by every dispatch
+        refused = ""
+        if self._rejected:
+            latest = next(reversed(self._rejected.values()))
+            refused = (f"; {len(self._rejected)} refused to authenticate us, the latest "
+                       f"{latest.address}: {latest.reason}")
         if at_entry:
             raise TimeoutError(
                 f"{connected} of the quorum of {need} workers connected within "
-                f"{self._quorum_timeout} seconds"
+                f"{self._quorum_timeout} seconds{refused}"
             )
         if self._discovery_ended and not self._connecting:
             raise NoWorkersAvailable("the discovery subscription ended with no usable worker")
         if need > 1:
             raise NoWorkersAvailable(
                 f"{connected} of the quorum of {need} workers connected within "
-                f"{self._quorum_timeout} seconds"
+                f"{self._quorum_timeout} seconds{refused}"
             )
         raise NoWorkersAvailable(
             f"no admitted worker connected within {self._quorum_timeout} seconds"
