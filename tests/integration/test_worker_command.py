@@ -55,6 +55,7 @@ async def test_tcp_workers_with_a_secret_file(namespace: str, tmp_path: Path,
     secret = secrets.token_hex(16)
     path = tmp_path / "secret"
     path.write_text(secret + "\n")  # the trailing newline is not part of it
+    path.chmod(0o600)
     with anyio.fail_after(60):
         child, lines = await host("--discovery", "local", "--namespace", namespace,
                                   "--host", "127.0.0.1", "--secret-file", str(path),
@@ -76,19 +77,49 @@ async def test_tcp_workers_with_a_secret_file(namespace: str, tmp_path: Path,
             await stop([child])
 
 
+@pytest.fixture
+def readable_secret(tmp_path: Path) -> str:
+    path = tmp_path / "readable"
+    path.write_text(secrets.token_hex(16))
+    path.chmod(0o644)
+    return str(path)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--host", "127.0.0.1"], "secret="),
-    (["--secret-file", "/nonexistent/secret"], "cannot read"),
-    (["--tls-cert", __file__], "--tls-cert and --tls-ca"),
+    (["--host", "127.0.0.1", "--secret-file", "/nonexistent/secret"], "cannot read"),
+    (["--host", "127.0.0.1", "--tls-cert", __file__], "--tls-cert and --tls-ca"),
     (["--interface", "127.0.0.1"], "--interface applies to --discovery lan only"),
+    (["--host", "127.0.0.1", "--secret-file", "READABLE"], "accessible to other users"),
+    (["--secret-file", "READABLE"], "add --host"),
+    (["--host", ""], "host must be a host name"),
 ])
-async def test_bad_options_are_usage_errors(namespace: str, args: list[str],
-                                            message: str) -> None:
+async def test_bad_options_are_usage_errors(namespace: str, args: list[str], message: str,
+                                            readable_secret: str) -> None:
+    args = [readable_secret if arg == "READABLE" else arg for arg in args]
     with anyio.fail_after(30):
         child = await start(COMMAND, "worker", "--discovery", "local", "--namespace", namespace,
                             *args, capture_stderr=True)
         try:
             assert await child.wait() == 2
             assert message in (await child.read_stderr()).decode()
+        finally:
+            await stop([child])
+
+
+async def test_a_host_it_cannot_listen_on_is_one_line_of_error(namespace: str, tmp_path: Path
+                                                               ) -> None:
+    path = tmp_path / "secret"
+    path.write_text(secrets.token_hex(16))
+    path.chmod(0o600)
+    with anyio.fail_after(30):
+        child = await start(COMMAND, "worker", "--discovery", "local", "--namespace", namespace,
+                            "--host", "192.0.2.1", "--secret-file", str(path),
+                            capture_stderr=True)
+        try:
+            assert await child.wait() == 1
+            errors = (await child.read_stderr()).decode()
+            assert "cannot listen on 192.0.2.1:0" in errors
+            assert "Traceback" not in errors
         finally:
             await stop([child])

@@ -34,6 +34,7 @@ def secret_file(tmp_path: Path) -> tuple[str, Path]:
     secret = secrets.token_hex(16)
     path = tmp_path / "secret"
     path.write_text(secret + "\n")
+    path.chmod(0o600)
     return secret, path
 
 

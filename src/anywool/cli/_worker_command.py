@@ -5,7 +5,7 @@ The workers are a :class:`~anywool.WorkerPool`'s spawned workers, announced thro
 ``LocalDiscovery(namespace)`` (this host; the command owns the namespace). A pool elsewhere
 dispatches to them by subscribing to that namespace. On SIGINT or SIGTERM the command stops
 taking calls, withdraws the workers, lets their calls drain for ``--drain`` seconds, stops them
-and exits 0.
+and exits 0; a second signal cuts the drain short.
 
 Standard output is for scripts: one ``worker <address> pid <pid>`` line per worker, then
 ``ready``, then ``stopped`` at the end, each flushed at once.
@@ -14,6 +14,7 @@ Standard output is for scripts: one ``worker <address> pid <pid>`` line per work
 from __future__ import annotations
 
 import signal
+import stat
 import sys
 from functools import partial
 from pathlib import Path
@@ -23,7 +24,7 @@ import anyio
 import click
 
 from anywool import _secret
-from anywool.errors import DiscoveryNamespaceInUse
+from anywool.errors import DiscoveryNamespaceInUse, WorkerError
 from anywool.runtime._auth import MutualTLS
 from anywool.runtime._pool import MAX_SPAWN, WorkerPool
 
@@ -36,14 +37,22 @@ def _say(line: str) -> None:
 
 
 def _read_secret(path: Path | None) -> bytes | None:
+    """The secret in ``path``: its bytes without surrounding whitespace (what an editor or
+    ``echo`` leaves at the end is not part of it). Refused when others may read the file."""
     if path is None:
         return None
     try:
+        mode = path.stat().st_mode
         data = path.read_bytes()
     except OSError as exc:
         raise click.BadParameter(f"cannot read {path}: {exc.strerror or exc}",
                                  param_hint="--secret-file") from None
-    secret = data.rstrip(b"\r\n")  # what an editor or `echo` leaves at the end is not part of it
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise click.BadParameter(
+            f"{path} is accessible to other users (mode {stat.S_IMODE(mode):04o}): whoever "
+            f"reads the secret can run code on the workers; chmod 600 {path}",
+            param_hint="--secret-file")
+    secret = data.strip()
     try:
         return _secret.resolve(secret, "the secret in --secret-file")
     except ValueError as exc:
@@ -89,6 +98,13 @@ def worker(discovery: str, namespace: str, workers: int, host: str | None,
     WorkerPool(discovery=LanDiscovery.Subscriber(NAMESPACE), secret=...) (lan) or
     WorkerPool(discovery=LocalDiscovery.Subscriber(NAMESPACE)) (local).
     """
+    if not namespace:
+        raise click.BadParameter("must not be empty", param_hint="--namespace")
+    if discovery == "lan" and host is None:
+        host = "0.0.0.0"
+    if host is None and (secret_file or tls_cert or tls_key or tls_ca):
+        raise click.UsageError("--secret-file and --tls-* are for workers on TCP: add --host "
+                               "(with --discovery local, workers use Unix sockets otherwise)")
     secret = _read_secret(secret_file)
     tls = None
     if tls_cert or tls_key or tls_ca:
@@ -98,8 +114,6 @@ def worker(discovery: str, namespace: str, workers: int, host: str | None,
             tls = MutualTLS(tls_cert, tls_key, cafile=tls_ca)
         except (TypeError, ValueError) as exc:
             raise click.UsageError(str(exc)) from None
-    if discovery == "lan" and host is None:
-        host = "0.0.0.0"
     if interfaces and discovery != "lan":
         raise click.UsageError("--interface applies to --discovery lan only")
     try:
@@ -117,18 +131,48 @@ def worker(discovery: str, namespace: str, workers: int, host: str | None,
                           shutdown_timeout=drain)
     except (TypeError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
+    # Ignored outside the receiver below: a signal that arrives as it closes (trio delivers
+    # those again then) must not kill the command before it has said it stopped.
+    for number in _SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
     try:
         anyio.run(partial(_host, pool), backend=backend)
-    except DiscoveryNamespaceInUse as exc:
-        raise click.ClickException(str(exc)) from None
+    except BaseException as exc:
+        reason = _expected(exc)
+        if reason is None:
+            raise
+        raise click.ClickException(str(reason)) from None
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _expected(exc: BaseException) -> BaseException | None:
+    """The error a user is told in one line (a namespace in use, a worker that cannot start),
+    also from inside the exception groups of task groups; ``None`` for anything else."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, (DiscoveryNamespaceInUse, WorkerError)) else None
 
 
 async def _host(pool: WorkerPool) -> None:
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with pool:
-            for hosted in pool.workers:
-                _say(f"worker {hosted.address} pid {hosted.pid}")
-            _say("ready")
-            async for _ in signals:
-                break
+    """Run the pool until the first signal, then exit it (drain, withdraw, stop); a second
+    signal cuts the drain short."""
+    with anyio.open_signal_receiver(*_SIGNALS) as signals:
+        async with anyio.create_task_group() as tg:
+            stop = anyio.Event()
+
+            async def watch() -> None:
+                async for _ in signals:
+                    if stop.is_set():
+                        tg.cancel_scope.cancel()  # the pool's exit still stops its workers
+                    stop.set()
+
+            tg.start_soon(watch)
+            async with pool:
+                for hosted in pool.workers:
+                    _say(f"worker {hosted.address} pid {hosted.pid}")
+                _say("ready")
+                await stop.wait()
+            tg.cancel_scope.cancel()
     _say("stopped")
