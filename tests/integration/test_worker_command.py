@@ -44,7 +44,7 @@ async def test_a_pool_elsewhere_dispatches_to_the_hosted_workers(
                 assert {await parent_pid() for _ in range(4)} == {child.pid}
                 assert [c async for c in letters("abc")] == ["a", "b", "c"]
             child.process.send_signal(signal.SIGTERM)
-            assert await child.readline() == "stopped"
+            assert [await child.readline() for _ in range(2)] == ["stopping", "stopped"]
             assert await child.wait() == 0
         finally:
             await stop([child])
@@ -71,7 +71,7 @@ async def test_tcp_workers_with_a_secret_file(namespace: str, tmp_path: Path,
                 with pytest.raises(AuthenticationError):
                     await parent_pid()
             child.process.send_signal(signal.SIGINT)
-            assert await child.readline() == "stopped"
+            assert [await child.readline() for _ in range(2)] == ["stopping", "stopped"]
             assert await child.wait() == 0
         finally:
             await stop([child])
@@ -121,5 +121,39 @@ async def test_a_host_it_cannot_listen_on_is_one_line_of_error(namespace: str, t
             errors = (await child.read_stderr()).decode()
             assert "cannot listen on 192.0.2.1:0" in errors
             assert "Traceback" not in errors
+        finally:
+            await stop([child])
+
+
+async def test_a_second_signal_cuts_the_drain_short(namespace: str, tmp_path: Path,
+                                                    anyio_backend: str) -> None:
+    from anywool.errors import RoutineCancelled, WorkerError
+
+    from ..helpers import Signal
+    from .routines import hold_until_cancelled
+
+    with anyio.fail_after(60):
+        child, _ = await host("--discovery", "local", "--namespace", namespace, "--drain", "300",
+                              "--backend", anyio_backend)
+        try:
+            async with WorkerPool(discovery=LocalDiscovery.Subscriber(namespace)), \
+                    Signal() as started, anyio.create_task_group() as tg:
+                outcome: list[BaseException] = []
+
+                async def held() -> None:
+                    try:
+                        await hold_until_cancelled(started.port, str(tmp_path / "finally"))
+                    except (RoutineCancelled, WorkerError) as exc:  # or the connection lost
+                        outcome.append(exc)
+
+                tg.start_soon(held)
+                await started.started()
+                child.process.send_signal(signal.SIGTERM)  # drains: the call goes on
+                assert await child.readline() == "stopping"
+                child.process.send_signal(signal.SIGTERM)  # not for 300 s
+                assert await child.readline() == "stopped"
+                assert await child.wait() == 0
+            assert len(outcome) == 1
+            assert (tmp_path / "finally").read_text() == "finally ran"
         finally:
             await stop([child])

@@ -64,7 +64,7 @@ async def test_a_pool_dispatches_to_a_lan_host(namespace: str, secret_file: tupl
                 assert {await parent_pid() for _ in range(4)} == {child.pid}
                 assert [c async for c in letters("lan")] == ["l", "a", "n"]
             child.process.send_signal(signal.SIGTERM)
-            assert await child.readline() == "stopped"
+            assert [await child.readline() for _ in range(2)] == ["stopping", "stopped"]
             assert await child.wait() == 0
         finally:
             await stop([child])

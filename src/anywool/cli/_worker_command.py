@@ -8,7 +8,8 @@ taking calls, withdraws the workers, lets their calls drain for ``--drain`` seco
 and exits 0; a second signal cuts the drain short.
 
 Standard output is for scripts: one ``worker <address> pid <pid>`` line per worker, then
-``ready``, then ``stopped`` at the end, each flushed at once.
+``ready``; ``stopping`` when the first signal arrives, and ``stopped`` at the end; each line is
+flushed at once.
 """
 
 from __future__ import annotations
@@ -166,7 +167,9 @@ async def _host(pool: WorkerPool) -> None:
                 async for _ in signals:
                     if stop.is_set():
                         tg.cancel_scope.cancel()  # the pool's exit still stops its workers
-                    stop.set()
+                    else:
+                        _say("stopping")
+                        stop.set()
 
             tg.start_soon(watch)
             async with pool:
