@@ -154,3 +154,69 @@ def test_the_first_of_a_repeated_txt_key_wins():
 ])
 def test_loopback_addresses_are_recognised(address, loopback):
     assert _service.is_loopback(address) is loopback
+
+
+@pytest.mark.parametrize("label", ["é" * 32, "\udcff" * 32, "g" * 32, "x"])
+@pytest.mark.parametrize("secret", [SECRET, None])
+def test_an_instance_name_that_is_no_uid_is_refused_before_anything_else(label, secret):
+    # A hostile name must never make decoding raise anything but InvalidRecord (a name that
+    # signing could not encode once froze every signed subscriber's view).
+    _, data = record(worker("10.0.0.1:1"))
+    with pytest.raises(InvalidRecord, match="not named after a worker uid"):
+        decode(f"{label}.{TYPE}", data, secret=secret)
+
+
+def test_the_sequence_number_travels_signed():
+    metadata = worker("10.0.0.1:1")
+    name = _service.instance_name(TYPE, metadata.uid)
+    data = _service.encode_txt(TYPE, name, DIGEST, metadata.to_bytes(), SECRET, sequence=7)
+    entries = _service.parse_txt(data)
+    assert _service.sequence_of(entries) == 7
+    assert decode(name, data).uid == metadata.uid
+    tampered = {**entries, b"q": b"8"}
+    with pytest.raises(InvalidRecord, match="signature"):
+        _service.decode_txt(TYPE, name, DIGEST, tampered, SECRET)
+
+
+@pytest.mark.parametrize("text", [b"", b"-1", b"1.5", b"9" * 21, b"18446744073709551616"])
+def test_a_malformed_sequence_number_is_refused(text):
+    with pytest.raises(InvalidRecord, match="sequence number"):
+        _service.sequence_of({b"q": text})
+
+
+def test_a_source_ignores_whatever_a_hostile_record_makes_decoding_raise(monkeypatch):
+    from anywool.discovery.lan import _source
+
+    source = _source.LanSource(("key", 0.5), "jobs", ("127.0.0.1",), SECRET)
+    name, data = record(worker("10.0.0.1:1"))
+    assert source._decode(name, data, {}) is not None
+
+    def broken(*args, **kwargs):
+        raise UnicodeEncodeError("ascii", "é", 0, 1, "a bug in decoding")
+
+    monkeypatch.setattr(_service, "decode_txt", broken)
+    source._decoded = {}
+    assert source._decode(name, data, {}) is None
+
+
+def test_namespaces_whose_service_types_collide_get_sources_of_their_own(monkeypatch):
+    from anywool.discovery.lan import _source
+
+    monkeypatch.setattr(_service, "service_type", lambda namespace: TYPE)
+    assert _source.source_key("a", None, SECRET) != _source.source_key("b", None, SECRET)
+
+
+def test_a_pickled_lan_discovery_leaves_its_secret_behind():
+    import pickle
+
+    import cloudpickle
+
+    from anywool import LanDiscovery
+
+    discovery = LanDiscovery("jobs", interfaces=["127.0.0.1"], secret=SECRET)
+    for dumps in (pickle.dumps, cloudpickle.dumps):
+        blob = dumps(discovery)
+        assert SECRET not in blob
+        copy = pickle.loads(blob)
+        assert (copy.namespace, copy.interfaces) == ("jobs", ("127.0.0.1",))
+        assert copy._secret is None and not copy.claimed

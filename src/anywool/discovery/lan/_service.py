@@ -9,8 +9,10 @@ How a worker appears on the LAN:
 - its TXT record holds ``WorkerMetadata.to_bytes()`` split into values of at most
   :data:`CHUNK` bytes (a TXT string holds 255 bytes, its key and ``=`` included), a 16-byte
   digest of the full namespace name (two namespaces whose 48-bit hashes collide never see each
-  other's workers), a format version and, with a secret, an HMAC-SHA256 over the service type,
-  the instance name, the namespace digest and the metadata bytes.
+  other's workers), a format version, a sequence number the publisher raises with every change
+  of the worker (so that of two records of one worker a cache holds, the later change wins,
+  whatever order they arrived in), and, with a secret, an HMAC-SHA256 over the service type,
+  the instance name, the namespace digest, the sequence number and the metadata bytes.
 
 Pure: no I/O, no zeroconf, no event loop. Everything here is a function of its arguments, so that
 the records a publisher writes and the checks a subscriber makes are tested without a network.
@@ -37,6 +39,7 @@ __all__ = [
     "is_loopback",
     "namespace_digest",
     "parse_txt",
+    "sequence_of",
     "service_type",
     "sign",
     "uid_of",
@@ -94,15 +97,33 @@ def uid_of(name: str, type_: str) -> UUID | None:
         return None
 
 
-def sign(secret: bytes, type_: str, name: str, digest: bytes, metadata: bytes) -> bytes:
-    """HMAC-SHA256 of one record: its service type, instance name, namespace digest, metadata."""
-    message = b"".join((_SIGNATURE_DOMAIN, type_.lower().encode("ascii"), b"\0",
-                        name.lower().encode("ascii"), b"\0", digest, metadata))
+def sign(secret: bytes, type_: str, name: str, digest: bytes, sequence: int,
+         metadata: bytes) -> bytes:
+    """HMAC-SHA256 of one record: its service type, instance name, namespace digest, sequence
+    number and metadata (names are UTF-8, surrogates passed: a hostile name never raises)."""
+    message = b"".join((_SIGNATURE_DOMAIN, _encode_name(type_.lower()), b"\0",
+                        _encode_name(name.lower()), b"\0", digest,
+                        sequence.to_bytes(8, "big"), metadata))
     return hmac.new(secret, message, hashlib.sha256).digest()
 
 
+#: The largest sequence number (it is signed as 8 bytes).
+MAX_SEQUENCE = (1 << 64) - 1
+
+
+def sequence_of(entries: Mapping[bytes, bytes]) -> int:
+    """The sequence number of a record (see the module docstring).
+
+    :raises InvalidRecord: it is missing or not a decimal number of at most 20 digits.
+    """
+    text = entries.get(b"q", b"")
+    if not (text.isdigit() and len(text) <= 20 and int(text) <= MAX_SEQUENCE):
+        raise InvalidRecord(f"sequence number {text[:24]!r}")
+    return int(text)
+
+
 def encode_txt(type_: str, name: str, digest: bytes, metadata: bytes,
-               secret: bytes | None) -> bytes:
+               secret: bytes | None, sequence: int = 1) -> bytes:
     """The TXT record data (RFC 6763 §6: length-prefixed ``key=value`` strings) of a worker.
 
     :param type_: the service type (:func:`service_type`).
@@ -110,16 +131,19 @@ def encode_txt(type_: str, name: str, digest: bytes, metadata: bytes,
     :param digest: :func:`namespace_digest` of the namespace.
     :param metadata: ``WorkerMetadata.to_bytes()``, at most :data:`MAX_METADATA` bytes.
     :param secret: signs the record when given; ``None`` leaves it unsigned.
+    :param sequence: raised by the publisher with every change of the worker (0 to
+        :data:`MAX_SEQUENCE`).
     :raises ValueError: ``metadata`` is longer than :data:`MAX_METADATA` bytes.
     """
     if len(metadata) > MAX_METADATA:
         raise ValueError(f"metadata of {len(metadata)} bytes is over the {MAX_METADATA} bytes "
                          "a LAN record carries")
     chunks = [metadata[i:i + CHUNK] for i in range(0, len(metadata), CHUNK)] or [b""]
-    entries = [(b"v", VERSION), (b"ns", digest), (b"n", str(len(chunks)).encode())]
+    entries = [(b"v", VERSION), (b"ns", digest), (b"q", str(sequence).encode()),
+               (b"n", str(len(chunks)).encode())]
     entries += [(str(index).encode(), chunk) for index, chunk in enumerate(chunks)]
     if secret is not None:
-        entries.append((b"sig", sign(secret, type_, name, digest, metadata)))
+        entries.append((b"sig", sign(secret, type_, name, digest, sequence, metadata)))
     out = bytearray()
     for key, value in entries:
         item = key + b"=" + value
@@ -156,12 +180,17 @@ def decode_txt(type_: str, name: str, digest: bytes, entries: Mapping[bytes, byt
     :param entries: :func:`parse_txt` of the record.
     :param secret: with a secret, only a record signed with it is accepted; ``None`` accepts
         signed and unsigned records alike (nothing to verify them with).
-    :raises InvalidRecord: another format version, another namespace, a missing or malformed
-        chunk, an instance name that is not the metadata's uid, undecodable metadata, or (with a
-        secret) a missing or wrong signature.
+    :raises InvalidRecord: another format version, an instance name that is no worker's,
+        another namespace, a malformed sequence number, a missing or malformed chunk, an
+        instance name that is not the metadata's uid, undecodable metadata, or (with a secret)
+        a missing or wrong signature.
     """
     if entries.get(b"v") != VERSION:
         raise InvalidRecord(f"format version {entries.get(b'v')!r}, not {VERSION!r}")
+    uid = uid_of(name, type_)
+    if uid is None:  # first: nothing below ever looks at a name that is no uid's
+        raise InvalidRecord(f"instance {name[:80]!r} is not named after a worker uid")
+    sequence = sequence_of(entries)
     if not hmac.compare_digest(entries.get(b"ns", b""), digest):
         raise InvalidRecord("a record of another namespace (its service type collides)")
     count_text = entries.get(b"n", b"")
@@ -175,13 +204,14 @@ def decode_txt(type_: str, name: str, digest: bytes, entries: Mapping[bytes, byt
         signature = entries.get(b"sig")
         if signature is None:
             raise InvalidRecord("unsigned, and this subscriber has a secret")
-        if not hmac.compare_digest(signature, sign(secret, type_, name, digest, metadata)):
+        if not hmac.compare_digest(signature, sign(secret, type_, name, digest, sequence,
+                                                   metadata)):
             raise InvalidRecord("its signature does not verify with this subscriber's secret")
     try:
         worker = WorkerMetadata.from_bytes(metadata)
     except ValueError as exc:
         raise InvalidRecord(str(exc)) from None
-    if uid_of(name, type_) != worker.uid:
+    if uid != worker.uid:
         raise InvalidRecord(f"instance {name!r} announces worker {worker.uid}")
     return worker
 

@@ -48,10 +48,12 @@ _SALT = secrets.token_bytes(16)
 
 def source_key(namespace: str, interfaces: tuple[str | int, ...] | None,
                secret: bytes | None) -> tuple[str, float]:
-    """The hub key of a LAN namespace followed on ``interfaces`` with ``secret``."""
+    """The hub key of a LAN namespace followed on ``interfaces`` with ``secret``. It holds the
+    namespace's own digest, not only its service type's hash: two namespaces whose types
+    collide get two sources, each accepting its own records only."""
     type_hash = _service.service_type(namespace)[4:16]
-    variant = hashlib.blake2b(repr(interfaces).encode() + b"\0" + (secret or b""),
-                              key=_SALT, digest_size=6)
+    variant = hashlib.blake2b(_service.namespace_digest(namespace) + repr(interfaces).encode()
+                              + b"\0" + (secret or b""), key=_SALT, digest_size=6)
     variant.update(b"signed" if secret is not None else b"unsigned")
     return (f"lan-{type_hash}-{variant.hexdigest()}", POLL_INTERVAL)
 
@@ -73,9 +75,9 @@ class LanSource(_hub._Source):
         # reused at once by any file of the process).
         self._hint_lock = threading.Lock()
         self._hint_r = self._hint_w = -1
-        # What each (instance, TXT data) decoded to last round: records are re-read every round,
-        # but decoded and verified once.
-        self._decoded: dict[tuple[str, bytes], WorkerMetadata | None] = {}
+        # What each (instance, TXT data) decoded to last round, with its sequence number:
+        # records are re-read every round, but decoded and verified once.
+        self._decoded: dict[tuple[str, bytes], tuple[int, WorkerMetadata] | None] = {}
 
     def prime(self) -> list[DiscoveryEvent]:
         """Start zeroconf and the browser (in the attaching worker thread). The view is empty
@@ -120,32 +122,43 @@ class LanSource(_hub._Source):
             return []
         records = _zeroconf.call(zc, _zeroconf.txt_records, zc, self.type)
         self.scans += 1
-        decoded: dict[tuple[str, bytes], WorkerMetadata | None] = {}
+        decoded: dict[tuple[str, bytes], tuple[int, WorkerMetadata] | None] = {}
         view: dict[UUID, WorkerMetadata] = {}
         for name, texts in records:
-            for _, data in sorted(texts, reverse=True):  # the newest record that checks out
-                worker = self._decode(name, data, decoded)
-                if worker is not None:
-                    view[worker.uid] = worker
-                    break
+            # Of the records that check out, the latest change (the highest sequence number):
+            # not the latest to arrive, since a cache flush can revive a superseded record.
+            best: tuple[int, float] | None = None
+            for created, data in texts:
+                found = self._decode(name, data, decoded)
+                if found is not None and (best is None or (found[0], created) > best):
+                    best = (found[0], created)
+                    view[found[1].uid] = found[1]
         self._decoded = decoded
         return self._deliver(_view.diff(self.view, view), view)
 
     def _decode(self, name: str, data: bytes,
-                decoded: dict[tuple[str, bytes], WorkerMetadata | None]) -> WorkerMetadata | None:
+                decoded: dict[tuple[str, bytes], tuple[int, WorkerMetadata] | None]
+                ) -> tuple[int, WorkerMetadata] | None:
         key = (name, data)
         if key in self._decoded:
-            worker = decoded[key] = self._decoded[key]
-            return worker
+            found = decoded[key] = self._decoded[key]
+            return found
         try:
-            worker = _service.decode_txt(self.type, name, self.digest, _service.parse_txt(data),
-                                         self.secret)
+            entries = _service.parse_txt(data)
+            found = (_service.sequence_of(entries),
+                     _service.decode_txt(self.type, name, self.digest, entries, self.secret))
         except _service.InvalidRecord as exc:
-            log.debug("ignoring the LAN record of %r in namespace %r: %s", name,
+            log.debug("ignoring the LAN record of %r in namespace %r: %s", name[:80],
                       self.namespace, exc)
-            worker = None
-        decoded[key] = worker
-        return worker
+            found = None
+        except Exception:
+            # Whatever a hostile record makes decoding raise, it is one record ignored: never
+            # a source that stops following its namespace.
+            log.warning("ignoring a LAN record of namespace %r that failed to decode",
+                        self.namespace, exc_info=True)
+            found = None
+        decoded[key] = found
+        return found
 
     def _release(self) -> None:
         zc, self.zc = self.zc, None
