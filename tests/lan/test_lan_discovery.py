@@ -354,3 +354,73 @@ async def test_a_pool_announcing_unix_sockets_to_the_lan_warns(lan_namespace):
         with pytest.warns(LoopbackAdvertisementWarning, match="no other host can reach"):
             async with WorkerPool(spawn=1, discovery=LanDiscovery(lan_namespace, interfaces=LO)):
                 pass
+
+
+async def test_an_update_is_never_undone_by_the_record_it_superseded(lan_namespace):
+    # zeroconf revives a superseded TXT record for a second whenever the new one arrives (the
+    # cache flush of RFC 6762 §10.2); the sequence number keeps the later change in the view.
+    # "z" sorts after "a": without the sequence number, the old record won every other round.
+    old = routable(tags={"z" * 40})
+    new = routable(uid=old.uid, tags={"a" * 40})
+    with anyio.fail_after(20):
+        async with LanDiscovery.Publisher(lan_namespace, interfaces=LO, secret=SECRET) as p, \
+                anyio.create_task_group() as tg:
+            events = await follow(tg, LanDiscovery.Subscriber(lan_namespace, interfaces=LO,
+                                                              secret=SECRET))
+            await p.publish("worker-added", old)
+            assert await take(events, 1) == [("worker-added", old.uid)]
+            await p.publish("worker-updated", new)
+            event = await events.receive()
+            assert event.type == "worker-updated" and event.metadata.same_as(new)
+            # Through several refreshes and resends: nothing more.
+            with anyio.move_on_after(6):
+                extra = await events.receive()
+                pytest.fail(f"a spurious {extra.type} to {sorted(extra.metadata.tags)}")
+            tg.cancel_scope.cancel()
+
+
+_MANY = """
+import sys, uuid, anyio
+from anywool import LanDiscovery, WorkerMetadata
+
+async def main():
+    async with LanDiscovery.Publisher(sys.argv[1], interfaces=["127.0.0.1"]) as publisher:
+        for index in range(int(sys.argv[2])):
+            await publisher.publish("worker-added", WorkerMetadata(
+                uuid.uuid4(), f"10.213.0.1:{1000 + index}", 1, "child", extra={"i": index}))
+        print("published", flush=True)
+        await anyio.to_thread.run_sync(sys.stdin.read)  # until the test closes it
+
+anyio.run(main)
+"""
+
+
+async def test_a_publisher_of_many_workers_keeps_every_one_alive(lan_namespace):
+    # Refreshes are spread and packed: a burst of one packet per worker overflowed receivers'
+    # buffers, and the same workers, last in every burst, expired while their publisher lived.
+    from anywool.discovery.lan._announcer import RECORD_TTL
+
+    count = 300
+    with anyio.fail_after(RECORD_TTL * 2 + 30):
+        process = await anyio.open_process(
+            [sys.executable, "-c", _MANY, lan_namespace, str(count)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            async with anyio.create_task_group() as tg:
+                events = await follow(tg, LanDiscovery.Subscriber(lan_namespace,
+                                                                  interfaces=LO))
+                assert {kind for kind, _ in await take(events, count)} == {"worker-added"}
+                # Past more than one record TTL, no worker left the view.
+                with anyio.move_on_after(RECORD_TTL + 5):
+                    event = await events.receive()
+                    pytest.fail(f"{event.type} of a live worker")
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                assert process.stdin is not None
+                await process.stdin.aclose()
+                with anyio.move_on_after(10):
+                    await process.wait()
+                if process.returncode is None:
+                    process.kill()
+                await process.aclose()

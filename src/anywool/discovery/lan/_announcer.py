@@ -3,7 +3,10 @@
 Each worker is one service instance registered in its publisher's ``Zeroconf`` (so zeroconf
 answers queries for it). Its records carry a TTL of :data:`RECORD_TTL` seconds and the
 announcer re-announces every worker every :data:`REFRESH_INTERVAL` seconds from zeroconf's own
-event loop thread, so that a worker stays in every cache exactly as long as its publisher's
+event loop thread (the workers in :data:`SLICES` groups by uid, one group every
+``REFRESH_INTERVAL / SLICES`` seconds, each group's records packed into as few packets as hold
+them: a burst of one packet per worker overflowed receivers' socket buffers beyond about 150
+workers, and the same workers, last in every burst, expired while alive), so that a worker stays in every cache exactly as long as its publisher's
 process runs (whatever the publisher's own event loop is doing), and leaves every view within
 ``RECORD_TTL`` seconds of a SIGKILL. A change is announced at once and again after each of
 :data:`RESEND_DELAYS` (mDNS is multicast over UDP: one packet may be lost); a withdrawal sends
@@ -23,6 +26,8 @@ import ipaddress
 from uuid import UUID
 
 from zeroconf import ServiceInfo, Zeroconf
+from zeroconf import DNSOutgoing  # pyright: ignore[reportPrivateImportUsage]
+from zeroconf.const import _FLAGS_AA, _FLAGS_QR_RESPONSE
 
 from anywool._address import Address
 from anywool.errors import DiscoveryWorkerNotFound
@@ -35,6 +40,8 @@ RECORD_TTL = 10
 REFRESH_INTERVAL = 2.5
 #: Seconds after a change at which it is announced again (RFC 6762 §8.3: at least twice).
 RESEND_DELAYS = (0.25, 1.0)
+#: The groups a refresh interval is spread over.
+SLICES = 10
 
 
 def service_info(type_: str, name: str, address: str, txt: bytes) -> ServiceInfo:
@@ -60,6 +67,7 @@ class Announcer:
         self._infos: dict[UUID, ServiceInfo] = {}
         self._stopped = False
         self._tick: object = None
+        self._turn = 0
 
     # -- in zeroconf's loop --
 
@@ -85,7 +93,7 @@ class Announcer:
         else:
             registry.async_add(info)
         self._infos[uid] = info
-        self._send(info, None)
+        self._send([info], None)
         for delay in RESEND_DELAYS:
             self._zc.loop.call_later(delay, self._resend, uid)  # type: ignore[union-attr]
 
@@ -95,7 +103,7 @@ class Announcer:
         if info is None or self._stopped:
             return False
         self._zc.registry.async_remove(info)
-        self._send(info, 0)
+        self._send([info], 0)
         for delay in RESEND_DELAYS:
             self._zc.loop.call_later(delay, self._resend_goodbye, uid, info)  # type: ignore[union-attr]
         return True
@@ -112,24 +120,36 @@ class Announcer:
 
     def _schedule_refresh(self) -> None:
         assert self._zc.loop is not None
-        self._tick = self._zc.loop.call_later(REFRESH_INTERVAL, self._refresh)
+        self._tick = self._zc.loop.call_later(REFRESH_INTERVAL / SLICES, self._refresh)
 
     def _refresh(self) -> None:
         if self._stopped or self._zc.done:
             return
-        for info in self._infos.values():
-            self._send(info, None)
+        self._turn = (self._turn + 1) % SLICES
+        group = [info for uid, info in self._infos.items() if uid.int % SLICES == self._turn]
+        if group:
+            self._send(group, None)
         self._schedule_refresh()
 
     def _resend(self, uid: UUID) -> None:
         info = self._infos.get(uid)
         if info is not None and not self._stopped:
-            self._send(info, None)
+            self._send([info], None)
 
     def _resend_goodbye(self, uid: UUID, info: ServiceInfo) -> None:
         if uid not in self._infos and not self._stopped:
-            self._send(info, 0)
+            self._send([info], 0)
 
-    def _send(self, info: ServiceInfo, ttl: int | None) -> None:
-        if not self._zc.done:
-            self._zc.async_send(self._zc.generate_service_broadcast(info, ttl))
+    def _send(self, infos: list[ServiceInfo], ttl: int | None) -> None:
+        """Announce ``infos`` (``ttl`` 0: goodbyes), their records packed into as few packets
+        as hold them (zeroconf splits an outgoing message that a packet cannot hold)."""
+        if self._zc.done:
+            return
+        out = DNSOutgoing(_FLAGS_QR_RESPONSE | _FLAGS_AA)
+        for info in infos:
+            out.add_answer_at_time(info.dns_pointer(override_ttl=ttl), 0)
+            out.add_answer_at_time(info.dns_service(override_ttl=ttl), 0)
+            out.add_answer_at_time(info.dns_text(override_ttl=ttl), 0)
+            for record in info.get_address_and_nsec_records(override_ttl=ttl):
+                out.add_answer_at_time(record, 0)
+        self._zc.async_send(out)

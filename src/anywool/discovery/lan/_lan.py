@@ -191,6 +191,11 @@ class LanDiscovery(Discovery, SingleUse):
     def __repr__(self) -> str:
         return f"LanDiscovery({self._namespace!r}, interfaces={self._interfaces!r})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # As a fresh instance, and without the secret: a secret never goes into a pickle (the
+        # process that unpickles it uses its own).
+        return (_make_discovery, (self._namespace, self._interfaces))
+
     # -- borrowers ----------------------------------------------------------------------------
 
     class Publisher(SingleUse):
@@ -220,6 +225,8 @@ class LanDiscovery(Discovery, SingleUse):
             self._type = _service.service_type(self.namespace)
             self._digest = _service.namespace_digest(self.namespace)
             self._signing: bytes | None = None
+            # Each worker's latest sequence number (see _service): raised with every change.
+            self._sequences: dict[UUID, int] = {}
             self._lock = threading.Lock()  # orders publishes and the exit (worker threads)
             self._zc: Any = None
             self._announcer: _announcer.Announcer | None = None
@@ -305,8 +312,10 @@ class LanDiscovery(Discovery, SingleUse):
                 if len(encoded) > _service.MAX_METADATA:
                     raise DiscoveryBlockExhausted(len(encoded))
                 name = _service.instance_name(self._type, metadata.uid)
+                sequence = self._sequences[metadata.uid] = \
+                    self._sequences.get(metadata.uid, 0) + 1
                 txt = _service.encode_txt(self._type, name, self._digest, encoded,
-                                          self._signing)
+                                          self._signing, sequence)
                 from anywool.discovery.lan import _announcer
 
                 info = _announcer.service_info(self._type, name, metadata.address, txt)
@@ -418,3 +427,8 @@ class LanDiscovery(Discovery, SingleUse):
 def _make_subscriber(namespace: str,
                      interfaces: tuple[str | int, ...] | None) -> DiscoverySubscriberLike:
     return LanDiscovery.Subscriber(namespace, interfaces=interfaces)
+
+
+def _make_discovery(namespace: str,
+                    interfaces: tuple[str | int, ...] | None) -> LanDiscovery:
+    return LanDiscovery(namespace, interfaces=interfaces)

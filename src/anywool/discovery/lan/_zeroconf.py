@@ -45,7 +45,11 @@ def open_zeroconf(interfaces: Sequence[str | int] | None) -> Zeroconf:
         pass
     else:
         raise RuntimeError("zeroconf must be started from a worker thread, not an event loop")
-    zc = Zeroconf(interfaces=InterfaceChoice.All if interfaces is None else list(interfaces))
+    try:
+        zc = Zeroconf(interfaces=InterfaceChoice.All if interfaces is None else list(interfaces))
+    except RuntimeError as exc:  # ifaddr's "No adapter found for index ..."
+        raise OSError(f"zeroconf cannot use interfaces {list(interfaces or [])!r}: {exc}") \
+            from None
     try:
         run(zc, zc.async_wait_for_start())
     except BaseException:
