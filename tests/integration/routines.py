@@ -16,6 +16,12 @@ async def whoami() -> int:
 
 
 @routine
+async def whoami_nested() -> int:
+    """The pid of the worker that a nested call lands on."""
+    return await whoami()
+
+
+@routine
 async def parent_pid() -> int:
     """The worker's parent: the pool's process, or the ``anywool worker`` command's."""
     return os.getppid()

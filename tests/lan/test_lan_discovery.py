@@ -14,6 +14,7 @@ import warnings
 from contextlib import aclosing
 
 import anyio
+import anyio.abc
 import pytest
 
 from anywool import LanDiscovery, WorkerPool
@@ -424,3 +425,42 @@ async def test_a_publisher_of_many_workers_keeps_every_one_alive(lan_namespace):
                 if process.returncode is None:
                     process.kill()
                 await process.aclose()
+
+
+async def test_a_pools_secret_signs_and_verifies_its_lan_records(lan_namespace):
+    # The README's form: the secret given to the pools only. The spawning pool's records are
+    # signed with it (its workers' nested proxies verify them with the secret they inherited),
+    # and the borrower ignores a forged unsigned record of the namespace.
+    from ..integration.routines import whoami, whoami_nested
+
+    connections = 0
+
+    async def count(stream):
+        nonlocal connections
+        connections += 1
+        await stream.aclose()
+
+    with anyio.fail_after(40):
+        async with WorkerPool(spawn=2, discovery=LanDiscovery(lan_namespace, interfaces=LO),
+                              host=ROUTABLE, secret=SECRET) as owner, \
+                await anyio.create_tcp_listener(local_host=ROUTABLE) as trap, \
+                anyio.create_task_group() as tg:
+            tg.start_soon(trap.serve, count)
+            pids = {worker.pid for worker in owner.workers}
+            assert await whoami_nested() in pids
+            port = trap.extra(anyio.abc.SocketAttribute.local_port)
+            forged = worker(f"{ROUTABLE}:{port}")
+            async with LanDiscovery.Publisher(lan_namespace, interfaces=LO) as unsigned, \
+                    WorkerPool(discovery=LanDiscovery.Subscriber(lan_namespace, interfaces=LO),
+                               secret=SECRET, quorum=2, lazy=False):
+                everything = await follow(tg, LanDiscovery.Subscriber(lan_namespace,
+                                                                      interfaces=LO))
+                await unsigned.publish("worker-added", forged)
+                while (await everything.receive()).metadata.uid != forged.uid:
+                    pass  # the forged record is on the wire now
+                assert {await whoami() for _ in range(8)} <= pids
+                with anyio.move_on_after(2):  # would it be admitted, it would be dialed
+                    while not connections:
+                        await anyio.sleep(0.05)
+                assert connections == 0
+            tg.cancel_scope.cancel()

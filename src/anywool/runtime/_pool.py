@@ -135,7 +135,8 @@ class WorkerPool(SingleUse):
     :param secret: the shared secret for TCP workers, ``bytes`` or ``str`` of at least 16 bytes
         (``None``: ``$ANYWOOL_SECRET``, if set): spawned workers require it of every peer, and
         the proxy authenticates with it to every TCP worker it finds (a mutual HMAC
-        challenge-response; the secret never crosses the wire).
+        challenge-response; the secret never crosses the wire). A ``LanDiscovery`` (or its
+        subscriber) given no secret of its own signs and verifies records with it too.
     :param tls: mutual TLS (:class:`~anywool.MutualTLS`) for TCP workers, instead of or
         besides the secret.
     :raises TypeError: an argument has the wrong type, e.g. a ``discovery`` or ``loadbalancer``
@@ -315,6 +316,10 @@ class WorkerPool(SingleUse):
         discovery = self._resolved = await stack.enter_async_context(ExitWithin(
             resolved(factory, expect=accepts, is_value=is_value, name="discovery"),
             self._announce_budget))
+        if self._credentials is not None and self._credentials.secret is not None:
+            from anywool.discovery.lan._lan import share_secret
+
+            share_secret(discovery, self._credentials.secret)
         if any(obj is discovery for obj in taken_as_is):
             if id(discovery) in _ENTERED_BY_POOLS:
                 raise RuntimeError(
