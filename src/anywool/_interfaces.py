@@ -31,12 +31,24 @@ def is_loopback(host: str) -> bool:
     return ip.is_loopback
 
 
+def _is_up(name: str) -> bool:
+    """Whether the interface ``name`` is up (Linux: its ``operstate``; elsewhere, or when
+    unreadable, it counts as up)."""
+    try:
+        with open(f"/sys/class/net/{name}/operstate") as state:
+            return state.read().strip() != "down"
+    except OSError:
+        return True
+
+
 def routable_host(wildcard: str = "0.0.0.0") -> str:
     """The address to announce for a listener bound to ``wildcard`` (``"0.0.0.0"``: IPv4 only;
     ``"::"``: IPv6 first), or the loopback address of that family when there is none."""
     v4: list[str] = []
     v6: list[str] = []
     for adapter in ifaddr.get_adapters():
+        if not _is_up(adapter.name):
+            continue
         for ip in adapter.ips:
             if isinstance(ip.ip, str):
                 address: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.IPv4Address(ip.ip)

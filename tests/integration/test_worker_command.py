@@ -86,7 +86,7 @@ def readable_secret(tmp_path: Path) -> str:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--host", "127.0.0.1"], "secret="),
+    (["--host", "127.0.0.1"], "--secret-file"),
     (["--host", "127.0.0.1", "--secret-file", "/nonexistent/secret"], "cannot read"),
     (["--host", "127.0.0.1", "--tls-cert", __file__], "--tls-cert and --tls-ca"),
     (["--interface", "127.0.0.1"], "--interface applies to --discovery lan only"),

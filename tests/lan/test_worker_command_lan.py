@@ -72,14 +72,20 @@ async def test_a_pool_dispatches_to_a_lan_host(namespace: str, secret_file: tupl
 
 async def test_a_wrong_secret_fails_with_authentication_error(
         namespace: str, secret_file: tuple[str, Path], anyio_backend: str) -> None:
-    _, path = secret_file
+    secret, path = secret_file
+    wrong = secrets.token_hex(16)
     with anyio.fail_after(60):
         child = await host(namespace, path, anyio_backend, workers=1)
         try:
-            # Without a secret the subscriber sees every record; dispatch still authenticates.
-            subscriber = LanDiscovery.Subscriber(namespace, interfaces=LOOPBACK)
-            async with WorkerPool(discovery=subscriber, secret=secrets.token_hex(16),
-                                  quorum_timeout=30):
+            # The pool's secret verifies the records too: the host's do not verify with it.
+            async with WorkerPool(discovery=LanDiscovery.Subscriber(namespace,
+                                                                    interfaces=LOOPBACK),
+                                  secret=wrong, quorum_timeout=3):
+                with pytest.raises(AuthenticationError, match="does not verify with our secret"):
+                    await parent_pid()
+            # Records verified with the right secret, connections made with a wrong one.
+            async with WorkerPool(discovery=LanDiscovery.Subscriber(
+                    namespace, interfaces=LOOPBACK, secret=secret), secret=wrong):
                 with pytest.raises(AuthenticationError, match="rejected"):
                     await parent_pid()
         finally:
@@ -151,5 +157,21 @@ async def test_an_unauthenticated_pickle_leaves_no_file_behind(
             child.process.send_signal(signal.SIGTERM)
             assert await child.wait() == 0
             assert not touched.exists()
+        finally:
+            await stop([child])
+
+
+async def test_an_interface_zeroconf_cannot_use_is_one_line_of_error(
+        namespace: str, secret_file: tuple[str, Path]) -> None:
+    _, path = secret_file
+    with anyio.fail_after(30):
+        child = await start(COMMAND, "worker", "--discovery", "lan", "--namespace", namespace,
+                            "--secret-file", str(path), "--interface", "10.9.9.9",
+                            "--host", "0.0.0.0", capture_stderr=True)
+        try:
+            assert await child.wait() == 1
+            errors = (await child.read_stderr()).decode()
+            assert "zeroconf cannot use interfaces ['10.9.9.9']" in errors
+            assert "Traceback" not in errors
         finally:
             await stop([child])

@@ -220,3 +220,11 @@ def test_a_pickled_lan_discovery_leaves_its_secret_behind():
         copy = pickle.loads(blob)
         assert (copy.namespace, copy.interfaces) == ("jobs", ("127.0.0.1",))
         assert copy._secret is None and not copy.claimed
+
+
+@pytest.mark.parametrize("signing", [None, b"another secret of 16+ bytes"])
+def test_a_record_that_does_not_verify_says_what_address_it_claims(signing):
+    name, data = record(worker("10.0.0.7:4000"), secret=signing)
+    with pytest.raises(_service.UnverifiedRecord) as info:
+        decode(name, data)
+    assert info.value.address == "10.0.0.7:4000"

@@ -14,6 +14,7 @@ flushed at once.
 
 from __future__ import annotations
 
+import os
 import signal
 import stat
 import sys
@@ -24,7 +25,7 @@ from typing import Any
 import anyio
 import click
 
-from anywool import _secret
+from anywool import _interfaces, _secret
 from anywool.errors import DiscoveryNamespaceInUse, WorkerError
 from anywool.runtime._auth import MutualTLS
 from anywool.runtime._pool import MAX_SPAWN, WorkerPool
@@ -68,8 +69,9 @@ def _read_secret(path: Path | None) -> bytes | None:
 @click.option("--workers", "-w", type=click.IntRange(min=1, max=MAX_SPAWN), default=1,
               show_default=True, help="Worker processes to host.")
 @click.option("--host", default=None,
-              help="Address the workers listen on (TCP). Default with lan: 0.0.0.0, announcing "
-                   "a routable address of this host; with local: a Unix socket.")
+              help="Address the workers listen on (TCP). Default with lan: the first "
+                   "non-loopback --interface, else 0.0.0.0, announcing a routable address of "
+                   "this host; with local: a Unix socket.")
 @click.option("--secret-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help=f"File holding the shared secret (at least {_secret.MIN_LENGTH} bytes). "
                    f"Default: ${_secret.ENV}.")
@@ -82,7 +84,8 @@ def _read_secret(path: Path | None) -> bytes | None:
               help="Mutual TLS: the CA bundle peers' certificates must chain to (PEM).")
 @click.option("--tag", "tags", multiple=True, help="A tag for the workers (repeatable).")
 @click.option("--interface", "interfaces", multiple=True,
-              help="lan: an interface address to multicast on (repeatable; default: all).")
+              help="lan: the IP address of an interface to multicast on (repeatable; default: "
+                   "all).")
 @click.option("--backend", type=click.Choice(["asyncio", "trio"]), default="asyncio",
               show_default=True, help="Event loop of this command and its workers.")
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=None,
@@ -102,7 +105,10 @@ def worker(discovery: str, namespace: str, workers: int, host: str | None,
     if not namespace:
         raise click.BadParameter("must not be empty", param_hint="--namespace")
     if discovery == "lan" and host is None:
-        host = "0.0.0.0"
+        # On the network mDNS is told to use, when it is told: bound to that address, the
+        # workers announce it (a wildcard bind announces the first address of any interface).
+        chosen = [i for i in interfaces if not _interfaces.is_loopback(i)]
+        host = chosen[0] if chosen else "0.0.0.0"
     if host is None and (secret_file or tls_cert or tls_key or tls_ca):
         raise click.UsageError("--secret-file and --tls-* are for workers on TCP: add --host "
                                "(with --discovery local, workers use Unix sockets otherwise)")
@@ -117,6 +123,11 @@ def worker(discovery: str, namespace: str, workers: int, host: str | None,
             raise click.UsageError(str(exc)) from None
     if interfaces and discovery != "lan":
         raise click.UsageError("--interface applies to --discovery lan only")
+    if host and secret is None and tls is None and not os.environ.get(_secret.ENV):
+        raise click.UsageError(
+            "workers on TCP accept only peers that authenticate: pass --secret-file (a file of "
+            f"at least {_secret.MIN_LENGTH} bytes), set ${_secret.ENV}, or pass --tls-cert and "
+            "--tls-ca")
     try:
         if discovery == "lan":
             from anywool.discovery.lan import LanDiscovery
@@ -149,11 +160,12 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _expected(exc: BaseException) -> BaseException | None:
-    """The error a user is told in one line (a namespace in use, a worker that cannot start),
-    also from inside the exception groups of task groups; ``None`` for anything else."""
+    """The error a user is told in one line (a namespace in use, a worker that cannot start,
+    an interface zeroconf cannot use), also from inside the exception groups of task groups;
+    ``None`` for anything else."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
-    return exc if isinstance(exc, (DiscoveryNamespaceInUse, WorkerError)) else None
+    return exc if isinstance(exc, (DiscoveryNamespaceInUse, WorkerError, OSError)) else None
 
 
 async def _host(pool: WorkerPool) -> None:

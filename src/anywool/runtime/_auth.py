@@ -415,7 +415,8 @@ async def authenticate_client(
         with anyio.move_on_after(timeout):
             return await _client(stream, credentials, server_hostname, address)
         raise WorkerError(address, f"did not complete the authentication handshake within "
-                                   f"{timeout:g} s (is its event loop blocked?)")
+                                   f"{timeout:g} s (its event loop may be blocked, or all its "
+                                   f"handshake places taken by other peers)")
     except _Failed as exc:
         await anyio.aclose_forcefully(stream)
         raise AuthenticationError(address, exc.reason) from exc.__cause__

@@ -507,6 +507,14 @@ class WorkerProxy(SingleUse):
                         await self._changed.wait()
             self._quorum_met = True
             return
+        if not connected and not self._rejected:
+            claimed = self._unverified()
+            if claimed is not None:
+                # Workers are there, but their adverts are signed with another secret than
+                # ours: that, not their absence, is what to say.
+                raise AuthenticationError(
+                    claimed, "its discovery record does not verify with our secret (the "
+                    "workers there hold another secret, or the record is forged)")
         if self._all_rejected() or (not connected and self._rejected):
             # The workers there are refuse our credentials (or we have none): say so, rather
             # than that there are none.
@@ -532,6 +540,19 @@ class WorkerProxy(SingleUse):
         raise NoWorkersAvailable(
             f"no admitted worker connected within {self._quorum_timeout} seconds"
         )
+
+    def _unverified(self) -> str | None:
+        """The address claimed by a record our subscriber could not verify, when it can say
+        (a ``LanDiscovery.Subscriber`` can), else ``None``."""
+        ask = getattr(self._discovery, "_unverified", None)
+        if not callable(ask):
+            return None
+        try:
+            claimed = ask()
+        except Exception:  # a diagnosis, never a failure of its own
+            log.debug("asking %r for unverified records failed", self._discovery, exc_info=True)
+            return None
+        return claimed if isinstance(claimed, str) else None
 
     def _all_rejected(self) -> bool:
         """Whether every admitted worker failed authentication and none is still connecting:

@@ -406,6 +406,17 @@ class LanDiscovery(Discovery, SingleUse):
             secret = _secret.resolve(self._secret)
             return _hub.iterate_with(LanOpener(self.namespace, self.interfaces, secret))
 
+        def _unverified(self) -> str | None:
+            """The address a record of the namespace claims that this subscription's shared
+            source saw in its latest round and could not verify with its secret (another
+            secret's worker, or a forgery), or ``None``. A proxy that found no worker asks,
+            to say that authentication is what failed."""
+            from anywool.discovery.lan._source import unverified
+
+            secret = _secret.resolve(self._secret)
+            return None if secret is None else unverified(self.namespace, self.interfaces,
+                                                          secret)
+
         def __reduce__(self) -> tuple[Any, ...]:
             return (_make_subscriber, (self.namespace, self.interfaces))
 

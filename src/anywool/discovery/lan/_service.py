@@ -33,6 +33,7 @@ __all__ = [
     "CHUNK",
     "MAX_METADATA",
     "InvalidRecord",
+    "UnverifiedRecord",
     "decode_txt",
     "encode_txt",
     "instance_name",
@@ -61,6 +62,18 @@ _SIGNATURE_BYTES = 32
 
 class InvalidRecord(ValueError):
     """A TXT record that is not a verified worker record of this namespace (the message says why)."""
+
+
+class UnverifiedRecord(InvalidRecord):
+    """A well-formed record of this namespace whose signature does not verify with the
+    subscriber's secret (or that is unsigned): another secret's worker, or a forgery.
+
+    :param address: the address the record claims (unverified: for messages only).
+    """
+
+    def __init__(self, reason: str, address: str) -> None:
+        super().__init__(reason)
+        self.address = address
 
 
 def _encode_name(namespace: str) -> bytes:
@@ -202,11 +215,16 @@ def decode_txt(type_: str, name: str, digest: bytes, entries: Mapping[bytes, byt
     metadata = b"".join(chunks)  # type: ignore[arg-type]
     if secret is not None:
         signature = entries.get(b"sig")
-        if signature is None:
-            raise InvalidRecord("unsigned, and this subscriber has a secret")
-        if not hmac.compare_digest(signature, sign(secret, type_, name, digest, sequence,
-                                                   metadata)):
-            raise InvalidRecord("its signature does not verify with this subscriber's secret")
+        if signature is None or not hmac.compare_digest(
+                signature, sign(secret, type_, name, digest, sequence, metadata)):
+            try:
+                claimed = WorkerMetadata.from_bytes(metadata).address
+            except ValueError as exc:
+                raise InvalidRecord(str(exc)) from None
+            if signature is None:
+                raise UnverifiedRecord("unsigned, and this subscriber has a secret", claimed)
+            raise UnverifiedRecord("its signature does not verify with this subscriber's "
+                                   "secret", claimed)
     try:
         worker = WorkerMetadata.from_bytes(metadata)
     except ValueError as exc:

@@ -78,6 +78,10 @@ class LanSource(_hub._Source):
         # What each (instance, TXT data) decoded to last round, with its sequence number:
         # records are re-read every round, but decoded and verified once.
         self._decoded: dict[tuple[str, bytes], tuple[int, WorkerMetadata] | None] = {}
+        # The address a record of the namespace that did not verify claims, from the latest
+        # round (for a subscriber to explain an empty view; see unverified()).
+        self.unverified: str | None = None
+        self._unverified: dict[tuple[str, bytes], str] = {}
 
     def prime(self) -> list[DiscoveryEvent]:
         """Start zeroconf and the browser (in the attaching worker thread). The view is empty
@@ -124,6 +128,7 @@ class LanSource(_hub._Source):
         self.scans += 1
         decoded: dict[tuple[str, bytes], tuple[int, WorkerMetadata] | None] = {}
         view: dict[UUID, WorkerMetadata] = {}
+        unverified: str | None = None
         for name, texts in records:
             # Of the records that check out, the latest change (the highest sequence number):
             # not the latest to arrive, since a cache flush can revive a superseded record.
@@ -133,7 +138,12 @@ class LanSource(_hub._Source):
                 if found is not None and (best is None or (found[0], created) > best):
                     best = (found[0], created)
                     view[found[1].uid] = found[1]
+                elif found is None and unverified is None:
+                    unverified = self._unverified.get((name, data))
         self._decoded = decoded
+        self._unverified = {key: where for key, where in self._unverified.items()
+                            if key in decoded}
+        self.unverified = unverified
         return self._deliver(_view.diff(self.view, view), view)
 
     def _decode(self, name: str, data: bytes,
@@ -147,6 +157,11 @@ class LanSource(_hub._Source):
             entries = _service.parse_txt(data)
             found = (_service.sequence_of(entries),
                      _service.decode_txt(self.type, name, self.digest, entries, self.secret))
+        except _service.UnverifiedRecord as exc:
+            log.debug("ignoring the LAN record of %r in namespace %r: %s", name[:80],
+                      self.namespace, exc)
+            self._unverified[key] = exc.address
+            found = None
         except _service.InvalidRecord as exc:
             log.debug("ignoring the LAN record of %r in namespace %r: %s", name[:80],
                       self.namespace, exc)
@@ -206,3 +221,14 @@ class LanOpener(_hub.Opener):
                 raise
 
         return hub.join(key, consumer, build)
+
+
+def unverified(namespace: str, interfaces: Sequence[str | int] | None,
+               secret: bytes | None) -> str | None:
+    """The address claimed by a record of ``namespace`` that the live source of this process
+    (for ``interfaces`` and ``secret``) saw and could not verify in its latest round, if any."""
+    key = source_key(namespace, None if interfaces is None else tuple(interfaces), secret)
+    hub = _hub.hub()
+    with hub.lock:
+        source = hub.sources.get(key)
+    return source.unverified if isinstance(source, LanSource) else None

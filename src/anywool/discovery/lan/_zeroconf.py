@@ -50,6 +50,10 @@ def open_zeroconf(interfaces: Sequence[str | int] | None) -> Zeroconf:
     except RuntimeError as exc:  # ifaddr's "No adapter found for index ..."
         raise OSError(f"zeroconf cannot use interfaces {list(interfaces or [])!r}: {exc}") \
             from None
+    except OSError as exc:  # an address no interface has: "[Errno 19] No such device"
+        where = "every interface" if interfaces is None else f"interfaces {list(interfaces)!r}"
+        raise OSError(exc.errno, f"zeroconf cannot use {where}: {exc.strerror or exc}") \
+            from None
     try:
         run(zc, zc.async_wait_for_start())
     except BaseException:
