@@ -20,7 +20,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-bench: $(STAMP)
+$(VENV)/.bench-installed: pyproject.toml $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	touch $@
+
+bench: $(VENV)/.bench-installed
+	$(BIN)/python benchmarks/peers.py $(ARGS)
 	$(BIN)/python benchmarks/run.py $(ARGS)
 	$(BIN)/python benchmarks/discovery.py $(ARGS)
 	$(BIN)/python benchmarks/lan.py
