@@ -20,7 +20,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,51 @@ def summary_ms(samples_ns: list[int], count_key: str = "samples") -> dict[str, A
         "min_ms": ms[0],
         "max_ms": ms[-1],
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Dispatch measurements shared by run.py and peers.py (children, inside anyio.run)
+# ---------------------------------------------------------------------------------------------
+
+WARMUP_CALLS = 50
+
+
+async def round_trip(echo: Callable[[int], Awaitable[Any]], calls: int) -> dict[str, Any]:
+    """Sequential awaits of ``echo(i)`` after :data:`WARMUP_CALLS` untimed ones."""
+    for i in range(WARMUP_CALLS):
+        await echo(i)
+    samples: list[int] = []
+    clock = time.perf_counter_ns
+    for i in range(calls):
+        start = clock()
+        await echo(i)
+        samples.append(clock() - start)
+    return summary_ms(samples, "calls")
+
+
+async def throughput(echo: Callable[[int], Awaitable[Any]], callers: int,
+                     total: int) -> dict[str, Any]:
+    """``callers`` tasks awaiting ``echo`` sequentially, about ``total`` calls in all, after one
+    untimed call per task (so that every worker and connection they need is up)."""
+    import anyio
+
+    per_caller = math.ceil(total / callers)
+
+    async def caller(count: int) -> None:
+        for i in range(count):
+            await echo(i)
+
+    async def run(count: int) -> None:
+        async with anyio.create_task_group() as tg:
+            for _ in range(callers):
+                tg.start_soon(caller, count)
+
+    await run(1)
+    start = time.perf_counter_ns()
+    await run(per_caller)
+    elapsed = (time.perf_counter_ns() - start) / 1e9
+    done = per_caller * callers
+    return {"callers": callers, "calls": done, "seconds": elapsed, "calls_per_s": done / elapsed}
 
 
 def load_average() -> float:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import pickle
 import statistics
@@ -51,7 +50,7 @@ from typing import Any
 import _harness
 
 HERE = Path(__file__).resolve().parent
-WARMUP_CALLS = 50
+WARMUP_CALLS = _harness.WARMUP_CALLS
 CONCURRENCIES = (1, 16, 64)
 WORKERS = 2
 POOL_RUNS = 5
@@ -184,47 +183,14 @@ OPEN = {"anywool": _anywool, "to_process": _to_process, "trio_parallel": _trio_p
 # ---------------------------------------------------------------------------------------------
 
 
-async def _round_trip(echo: Echo, calls: int) -> dict[str, Any]:
-    for i in range(WARMUP_CALLS):
-        await echo(i)
-    samples: list[int] = []
-    clock = time.perf_counter_ns
-    for i in range(calls):
-        start = clock()
-        await echo(i)
-        samples.append(clock() - start)
-    return _harness.summary_ms(samples, "calls")
-
-
-async def _throughput(echo: Echo, callers: int, total: int) -> dict[str, Any]:
-    import anyio
-
-    per_caller = math.ceil(total / callers)
-
-    async def caller(count: int) -> None:
-        for i in range(count):
-            await echo(i)
-
-    async def run(count: int) -> None:
-        async with anyio.create_task_group() as tg:
-            for _ in range(callers):
-                tg.start_soon(caller, count)
-
-    await run(1)  # warm-up: every worker and connection the callers need, started
-    start = time.perf_counter_ns()
-    await run(per_caller)
-    elapsed = (time.perf_counter_ns() - start) / 1e9
-    done = per_caller * callers
-    return {"callers": callers, "calls": done, "seconds": elapsed, "calls_per_s": done / elapsed}
-
-
 async def _measure(peer: str, calls: int, throughput_calls: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
     async with OPEN[peer](1, False) as echo:
-        results["round_trip"] = await _round_trip(echo, calls)
+        results["round_trip"] = await _harness.round_trip(echo, calls)
     async with OPEN[peer](WORKERS, False) as echo:
         for callers in CONCURRENCIES:
-            results[f"throughput_{callers}"] = await _throughput(echo, callers, throughput_calls)
+            results[f"throughput_{callers}"] = await _harness.throughput(
+                echo, callers, throughput_calls)
     return results
 
 

@@ -40,7 +40,7 @@ import _harness
 logging.getLogger("wool").setLevel(logging.WARNING)
 
 HERE = Path(__file__).resolve().parent
-WARMUP_CALLS = 50
+WARMUP_CALLS = _harness.WARMUP_CALLS
 CONCURRENCY = 64
 MIN_THROUGHPUT_CALLS = 5_000
 STREAM_ITEMS = 2_000
@@ -68,45 +68,6 @@ def _framework(name: str) -> tuple[Callable[[], AbstractAsyncContextManager[Any]
 
         return (lambda: wool.WorkerPool(spawn=SPAWN)), wool_routines.echo, wool_routines.stream
     raise ValueError(f"unknown framework {name!r}")
-
-
-async def _round_trip(echo: Callable[[int], Awaitable[Any]], calls: int) -> dict[str, Any]:
-    for i in range(WARMUP_CALLS):
-        await echo(i)
-    samples: list[int] = []
-    clock = time.perf_counter_ns
-    for i in range(calls):
-        start = clock()
-        await echo(i)
-        samples.append(clock() - start)
-    return _harness.summary_ms(samples, "calls")
-
-
-async def _throughput(echo: Callable[[int], Awaitable[Any]], total: int) -> dict[str, Any]:
-    import anyio
-
-    per_task = math.ceil(total / CONCURRENCY)
-
-    async def worker(count: int) -> None:
-        for i in range(count):
-            await echo(i)
-
-    # Warm-up: one call per task, so every connection the proxy opens is open before timing.
-    async with anyio.create_task_group() as tg:
-        for _ in range(CONCURRENCY):
-            tg.start_soon(worker, 1)
-    start = time.perf_counter_ns()
-    async with anyio.create_task_group() as tg:
-        for _ in range(CONCURRENCY):
-            tg.start_soon(worker, per_task)
-    elapsed = (time.perf_counter_ns() - start) / 1e9
-    done = per_task * CONCURRENCY
-    return {
-        "concurrency": CONCURRENCY,
-        "calls": done,
-        "seconds": elapsed,
-        "calls_per_s": done / elapsed,
-    }
 
 
 async def _streaming(stream: Callable[[int], Any]) -> dict[str, Any]:
@@ -212,8 +173,10 @@ async def _measure(framework: str, calls: int, throughput_calls: int) -> dict[st
     pool_factory, echo, stream = _framework(framework)
     results: dict[str, Any] = {}
     async with pool_factory():
-        results["round_trip"] = await _round_trip(echo, calls)
-        results["throughput"] = await _throughput(echo, throughput_calls)
+        results["round_trip"] = await _harness.round_trip(echo, calls)
+        results["throughput"] = dict(await _harness.throughput(echo, CONCURRENCY,
+                                                               throughput_calls),
+                                     concurrency=CONCURRENCY)
         results["streaming"] = await _streaming(stream)
         if framework == "anywool":
             results["travel"] = await _travel(calls)
