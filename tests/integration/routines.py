@@ -28,6 +28,13 @@ async def parent_pid() -> int:
 
 
 @routine
+async def countdown(n: int):
+    while n:
+        yield n
+        n -= 1
+
+
+@routine
 async def letters(word: str):
     for letter in word:
         yield letter

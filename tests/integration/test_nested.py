@@ -13,6 +13,7 @@ from anywool import WorkerPool, routine
 from anywool.lowlevel import WorkerConnection, discovery_stats
 
 from ..helpers import Signal, wait_until, wait_until_async
+from .routines import countdown
 
 pytestmark = pytest.mark.anyio
 
@@ -69,13 +70,6 @@ async def seconds_left() -> float:
 async def seconds_left_here_and_below() -> tuple[float, float]:
     here = anyio.current_effective_deadline() - anyio.current_time()
     return here, await seconds_left()
-
-
-@routine
-async def countdown(n: int):
-    while n:
-        yield n
-        n -= 1
 
 
 @routine

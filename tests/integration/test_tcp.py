@@ -27,6 +27,7 @@ from anywool.runtime._routine import routine
 from anywool.runtime._wire import Frame, FrameStream, Kind
 
 from ..helpers import Touch, call_payload
+from .routines import countdown
 
 pytestmark = pytest.mark.anyio
 
@@ -36,13 +37,6 @@ SECRET = secrets.token_bytes(32)
 @routine
 async def scale(x: int) -> int:
     return 2 * x
-
-
-@routine
-async def countdown(n: int):
-    while n:
-        yield n
-        n -= 1
 
 
 @routine
