@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import uuid
 from pathlib import Path
@@ -57,23 +58,21 @@ async def events_of(subscriber: DiscoverySubscriberLike) -> AsyncIterator[Discov
         yield event
 
 
-async def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    """Poll ``predicate`` every 20 ms until it holds; fail naming ``what`` after ``timeout``.
+async def wait_until(predicate: Callable[[], bool | Awaitable[bool]], what: str,
+                     timeout: float = 10.0, interval: float = 0.02) -> None:
+    """Poll ``predicate`` every ``interval`` seconds until it holds; fail naming ``what`` after
+    ``timeout``. ``predicate`` may be a coroutine function (a question asked of a worker, say).
 
     For conditions that have no event to wait on (a log record, a slot given up)."""
-    with anyio.move_on_after(timeout):
-        while not predicate():
-            await anyio.sleep(0.02)
-    assert predicate(), f"timed out after {timeout} s waiting for {what}"
 
+    async def holds() -> bool:
+        result = predicate()
+        return await result if inspect.isawaitable(result) else result
 
-async def wait_until_async(predicate: Callable[[], Awaitable[bool]], what: str,
-                           timeout: float = 10.0, interval: float = 0.05) -> None:
-    """:func:`wait_until` for a predicate that must be awaited (a question to a worker, say)."""
     with anyio.move_on_after(timeout):
-        while not await predicate():
+        while not await holds():
             await anyio.sleep(interval)
-    assert await predicate(), f"timed out after {timeout} s waiting for {what}"
+    assert await holds(), f"timed out after {timeout} s waiting for {what}"
 
 
 class Touch:

@@ -12,7 +12,7 @@ import anywool
 from anywool import WorkerPool, routine
 from anywool.lowlevel import WorkerConnection, discovery_stats
 
-from ..helpers import Signal, wait_until, wait_until_async
+from ..helpers import Signal, wait_until
 from .routines import countdown
 
 pytestmark = pytest.mark.anyio
@@ -141,7 +141,8 @@ async def test_a_workers_nested_proxy_is_closed_after_disuse(monkeypatch) -> Non
             async def closed() -> bool:
                 return await attached_subscriptions() == 0
 
-            await wait_until_async(closed, "the idle proxy's subscription to end", timeout=20)
+            await wait_until(closed, "the idle proxy's subscription to end", timeout=20,
+                             interval=0.05)
             assert len(await descend(2)) == 2  # and a later nested call opens it again
             assert await attached_subscriptions() == 1
 
