@@ -192,7 +192,7 @@ class WorkerPool(SingleUse):
         if host is not None and spawn is None and discovery is not None:
             raise ValueError(f"host={host!r} is where spawned workers listen, but this pool "
                              "spawns none (pass spawn=N)")
-        self._bind, self._credentials = tcp_endpoint(host, secret, tls)
+        _, self._credentials = tcp_endpoint(host, secret, tls)  # checked once, here
         self._host = host
         if discovery is not None and not is_factory(discovery):
             accepts = _SPAWNING_ACCEPTS if self._spawn is not None else _DURABLE_ACCEPTS
