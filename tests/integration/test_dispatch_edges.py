@@ -319,19 +319,21 @@ async def test_step_frames_a_call_cannot_use_end_that_call_only(routine_kind):
                 # The same connection serves the next call.
                 await frames.send(Frame(Kind.CALL, 2, call_payload(double.__wrapped__, (4,))))
                 kinds = []
-                while not kinds or kinds[-1] != Kind.END:
+                while not kinds or kinds[-1] != Kind.RETURN:
                     frame = await frames.receive()
                     if frame.call_id == 2:
                         kinds.append(frame.kind)
-                        if frame.kind == Kind.RESULT:
+                        if frame.kind == Kind.RETURN:
                             assert result_of(frame.payload) == 8
-                assert kinds == [Kind.ACK, Kind.RESULT, Kind.END]
+                assert kinds == [Kind.ACK, Kind.RETURN]
 
 
 @pytest.mark.parametrize("body", [
-    b"\x93\x01\x01\xc6\xff\xff\xff\xf0" + b"xx",  # bin32 declaring ~4 GiB in a 10-byte body
-    b"\xdd\xff\xff\xff\xff\x01",  # an array declaring 2^32 - 1 items
-    b"\x93\x01\xcf" + (1 << 36).to_bytes(8, "big") + b"\xc4\x00",  # a CALL of id 2^36, no payload
+    # CALLs whose headers declare ~4 GiB of bytes, or 2^32 - 1 fields, in a few bytes
+    b"\x01" + (1 << 36).to_bytes(8, "big") + b"\xc6\xff\xff\xff\xf0" + b"xx",
+    b"\x01" + (2).to_bytes(8, "big") + b"\xdd\xff\xff\xff\xff\x01",
+    b"\xff" + bytes(8),  # an unknown kind
+    b"\x01\x00",  # shorter than a kind and a call id
 ])
 async def test_hostile_frame_bodies_drop_that_connection_only(body):
     import struct

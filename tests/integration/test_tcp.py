@@ -148,7 +148,7 @@ async def test_an_unauthenticated_payload_is_never_unpickled(tmp_path: Path) -> 
             async with await anyio.connect_unix(path) as stream:
                 frames = FrameStream(stream, stream)
                 await frames.send(Frame(Kind.CALL, 1, payload))
-                while (await frames.receive()).kind not in (Kind.END, Kind.EXCEPTION):
+                while (await frames.receive()).kind not in (Kind.RETURN, Kind.EXCEPTION):
                     pass
         assert touched.exists()
 

@@ -93,10 +93,13 @@ async def test_stream_ending_inside_a_header_is_an_error() -> None:
         await reader.receive()
 
 
-async def test_garbled_body_is_an_error() -> None:
-    body = b"\xc1not msgpack"
+@pytest.mark.parametrize(("body", "error"), [
+    (b"\xc1" + bytes(8) + b"payload", "unknown frame kind 193"),
+    (b"\x01\x00\x00", "shorter than its kind and call id"),
+])
+async def test_garbled_body_is_an_error(body: bytes, error: str) -> None:
     reader = FrameStream(_Sink(), _Bytes(struct.pack(">I", len(body)) + body))
-    with anyio.fail_after(5), pytest.raises(FrameError, match="undecodable"):
+    with anyio.fail_after(5), pytest.raises(FrameError, match=error):
         await reader.receive()
 
 

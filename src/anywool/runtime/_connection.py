@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
@@ -22,13 +23,12 @@ from typing import Any
 
 import anyio
 from anyio.abc import ByteStream, TaskGroup
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from anywool._address import Address
 from anywool._owner import SingleUse, exit_task_group
 from anywool import _secret
 from anywool.errors import AuthenticationError, PayloadTooLarge, SerializationError, WorkerError
-from anywool.runtime import _auth, _context
+from anywool.runtime import _auth, _context, _socket
 from anywool.runtime import _envelope as envelope
 from anywool.runtime import _serializer as serializer
 from anywool.runtime._envelope import CallRequest, Origin, Step
@@ -46,7 +46,7 @@ from anywool.runtime._wire import (
 
 log = logging.getLogger(__name__)
 
-_TERMINAL = frozenset({Kind.END, Kind.EXCEPTION, Kind.NACK})
+_TERMINAL = frozenset({Kind.RETURN, Kind.END, Kind.EXCEPTION, Kind.NACK})
 # Seconds a closing connection waits for the worker's end-of-stream, then for the close itself.
 _CLOSE_TIMEOUT = 1.0
 
@@ -65,11 +65,9 @@ async def connect_stream(address: Address) -> ByteStream:
     """Open a byte stream to ``address``.
 
     :raises OSError: the connection failed.
+    :raises ValueError: the host cannot be encoded (IDNA).
     """
-    if address.path is not None:
-        return await anyio.connect_unix(address.path)
-    assert address.host is not None and address.port is not None
-    return await anyio.connect_tcp(address.host, address.port)
+    return await _socket.connect(address)
 
 
 class WorkerConnection(SingleUse):
@@ -84,7 +82,7 @@ class WorkerConnection(SingleUse):
         or the worker closes it.
     :param on_room: called (synchronously, from the reader task) when the worker, having
         refused a call of this connection as busy, has room again (a call ended there).
-    :param on_accepted: called (synchronously, from the caller's task) whenever the worker
+    :param on_accepted: called (synchronously, from the reader task) whenever the worker
         accepts a call.
     :param origin: returns what calls made here carry as their origin: the key and pickle of
         the proxy that routines running for them dispatch their own calls through (``None``:
@@ -126,7 +124,10 @@ class WorkerConnection(SingleUse):
         self._stream: ByteStream | None = None
         self._frames: FrameStream | None = None
         self._task_group: TaskGroup | None = None
-        self._calls: dict[int, MemoryObjectSendStream[Frame]] = {}
+        self._calls: dict[int, _Call] = {}
+        # The origin key this connection delivered whole (see _envelope): later calls carry
+        # the key alone.
+        self._origin_delivered: bytes | None = None
         self._ids = itertools.count(1)
         self._failure: str | None = None
         self._reader_done: anyio.Event | None = None
@@ -255,13 +256,22 @@ class WorkerConnection(SingleUse):
                 continue
             if frame.kind == Kind.NACK and frame.payload == envelope.BUSY:
                 self._busy = True
-            stream = self._calls.get(frame.call_id)
-            if stream is None:
+            call = self._calls.get(frame.call_id)
+            if call is None:
                 continue  # a call that already gave up (e.g. cancelled): drop its late frames
+            if frame.kind == Kind.ACK:
+                call.accepted = True
+                self._accepted()
+                if call.quiet_ack:
+                    continue
+            call.deliver(frame)
+
+    def _accepted(self) -> None:
+        if self._on_accepted is not None:
             try:
-                stream.send_nowait(frame)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                pass
+                self._on_accepted()
+            except Exception:
+                log.exception("on_accepted callback of %s failed", self.address)
 
     def _room(self) -> None:
         self._busy = False
@@ -281,8 +291,8 @@ class WorkerConnection(SingleUse):
                 except Exception:
                     log.exception("on_lost callback of %s failed", self.address)
         calls, self._calls = self._calls, {}
-        for stream in calls.values():
-            stream.close()
+        for call in calls.values():
+            call.lose()
         if self._idle is not None:
             self._idle.set()
 
@@ -297,9 +307,7 @@ class WorkerConnection(SingleUse):
         await self._lost.wait()
 
     def _forget(self, call_id: int) -> None:
-        send = self._calls.pop(call_id, None)
-        if send is not None:
-            send.close()
+        self._calls.pop(call_id, None)
         if not self._calls and self._idle is not None:
             self._idle.set()
 
@@ -320,31 +328,33 @@ class WorkerConnection(SingleUse):
 
     async def _open(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                     *, streaming: bool) -> _Call:
-        """Register a call, send its CALL frame and wait for the worker's answer to it.
+        """Register a call and send its CALL frame; a streaming call also waits for the
+        worker's answer to it (a coroutine's caller reads it with the result, see
+        :meth:`call`).
 
         A coroutine's call carries the seconds left of the caller's effective deadline (the
         worker cancels the routine on time by itself, even if the cancel frame is late or lost)
         and the caller's context variables; an async generator's steps carry their own.
         """
         name = getattr(fn, "__qualname__", repr(fn))
+        origin = None if self._origin is None else self._origin()
         request = CallRequest(
             serializer.dumps_value((fn, args, kwargs), name, "the arguments"),
             name,
             None if streaming else _seconds_left(),
             _running_task_id(),
-            None if self._origin is None else self._origin(),
+            origin,
             None if streaming else _dump_context(name),
         )
-        payload = envelope.encode_call(request)
+        payload = envelope.encode_call(
+            request, origin_known=origin is not None and origin[0] == self._origin_delivered)
         if len(payload) > payload_limit(self._max_frame_size):
             raise PayloadTooLarge(f"the call to {name}", len(payload),
                                   payload_limit(self._max_frame_size))
         if self._failure is not None or self._frames is None:
             raise CallNotDelivered(self.address, self._failure or "not connected")
         call_id = next(self._ids)
-        send, receive = anyio.create_memory_object_stream[Frame](math.inf)
-        self._calls[call_id] = send
-        call = _Call(self, call_id, receive, name)
+        call = self._calls[call_id] = _Call(self, call_id, name, quiet_ack=not streaming)
         try:
             try:
                 await self._frames.send(Frame(Kind.CALL, call_id, payload))
@@ -356,23 +366,12 @@ class WorkerConnection(SingleUse):
                 # started, is written whole), so the worker has nothing to cancel.
                 call.finished = True
                 raise
-            try:
-                first = await call.next_frame()
-            except WorkerError as exc:
-                # No ACK: the worker writes it before running anything, and a stream delivers
-                # what was written before it closed, so the routine never started.
-                raise CallNotDelivered(self.address, f"closed before accepting: {exc.reason}") \
-                    from None
-            if first.kind == Kind.NACK:
-                call.finished = True
-                if first.payload == envelope.BUSY:
-                    raise WorkerBusy(self.address, "the worker refused the call: it runs its "
-                                                   "max_concurrency calls already")
-                raise CallNotDelivered(self.address, "the worker refused the call (it is stopping)")
-            if first.kind != Kind.ACK:
-                call.pushback(first)
-            if self._on_accepted is not None:
-                self._on_accepted()
+            if origin is not None:
+                self._origin_delivered = origin[0]
+            if streaming:
+                first = await call.first_frame()
+                if first.kind != Kind.ACK:
+                    call.pushback(first)
         except BaseException:
             await call.release()
             raise
@@ -395,18 +394,11 @@ class WorkerConnection(SingleUse):
         """
         call = await self._open(fn, args, kwargs, streaming=False)
         try:
-            value: Any = None
-            while True:
-                frame = await call.next_frame()
-                if frame.kind == Kind.RESULT:
-                    value = call.value(frame)
-                elif frame.kind == Kind.END:
-                    call.finished = True
-                    call.end(frame)
-                    return value
-                else:
-                    call.finished = True
-                    raise call.remote_exception(frame)
+            frame = await call.first_frame()
+            call.finished = True
+            if frame.kind == Kind.RETURN:
+                return call.value(frame)
+            raise call.remote_exception(frame)
         finally:
             await call.release()
 
@@ -422,24 +414,56 @@ class WorkerConnection(SingleUse):
 
 
 class _Call:
-    """The client's half of one call: its frames and the steps that drive it."""
+    """The client's half of one call: its frames and the steps that drive it.
 
-    def __init__(
-        self,
-        connection: WorkerConnection,
-        call_id: int,
-        receive: MemoryObjectReceiveStream[Frame],
-        name: str,
-    ) -> None:
+    The reader task hands it its frames (:meth:`deliver`); a coroutine's call takes its ACK
+    silently (``quiet_ack``: only :attr:`accepted` records it), so that its caller wakes once,
+    for the result.
+    """
+
+    __slots__ = ("connection", "id", "name", "finished", "accepted", "quiet_ack", "_frames",
+                 "_arrived", "_lost")
+
+    def __init__(self, connection: WorkerConnection, call_id: int, name: str, *,
+                 quiet_ack: bool = False) -> None:
         self.connection = connection
         self.id = call_id
         self.name = name
         self.finished = False
-        self._receive = receive
-        self._pending: list[Frame] = []
+        self.accepted = False
+        self.quiet_ack = quiet_ack
+        self._frames: deque[Frame] = deque()
+        self._arrived: anyio.Event | None = None
+        self._lost = False
+
+    def deliver(self, frame: Frame) -> None:
+        self._frames.append(frame)
+        if self._arrived is not None:
+            self._arrived.set()
+            self._arrived = None
+
+    def lose(self) -> None:
+        """The connection is gone: once its frames are read, the call fails."""
+        self._lost = True
+        if self._arrived is not None:
+            self._arrived.set()
+            self._arrived = None
 
     def pushback(self, frame: Frame) -> None:
-        self._pending.append(frame)
+        self._frames.appendleft(frame)
+
+    async def _wait_frame(self) -> Frame:
+        """The next frame (not cancellation-aware: see :meth:`next_frame`).
+
+        :raises _Lost: the connection was lost.
+        """
+        frames = self._frames
+        while not frames:
+            if self._lost:
+                raise _Lost
+            arrived = self._arrived = anyio.Event()
+            await arrived.wait()
+        return frames.popleft()
 
     async def next_frame(self) -> Frame:
         """The next frame of this call.
@@ -447,11 +471,9 @@ class _Call:
         :raises WorkerError: the connection was lost.
         Cancellation: cancels the routine on the worker (see :meth:`abort`), then re-raises.
         """
-        if self._pending:
-            return self._pending.pop(0)
         try:
-            return await self._receive.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            return await self._wait_frame()
+        except _Lost:
             self.finished = True
             raise WorkerError(
                 self.connection.address,
@@ -460,6 +482,28 @@ class _Call:
         except anyio.get_cancelled_exc_class():
             await self.abort()
             raise
+
+    async def first_frame(self) -> Frame:
+        """The worker's answer to the CALL: ``ACK`` (unless ``quiet_ack``), the result, or a
+        refusal; a refusal, or a connection lost before the worker accepted the call, raises
+        :class:`CallNotDelivered` (the routine never started)."""
+        try:
+            frame = await self.next_frame()
+        except WorkerError as exc:
+            if self.accepted:
+                raise
+            # No ACK: the worker writes it before running anything, and a stream delivers
+            # what was written before it closed, so the routine never started.
+            raise CallNotDelivered(self.connection.address,
+                                   f"closed before accepting: {exc.reason}") from None
+        if frame.kind == Kind.NACK:
+            self.finished = True
+            if frame.payload == envelope.BUSY:
+                raise WorkerBusy(self.connection.address, "the worker refused the call: it runs "
+                                                          "its max_concurrency calls already")
+            raise CallNotDelivered(self.connection.address,
+                                   "the worker refused the call (it is stopping)")
+        return frame
 
     def value(self, frame: Frame) -> Any:
         """The value a RESULT frame carries; what the routine changed in its context variables
@@ -510,14 +554,9 @@ class _Call:
         with anyio.CancelScope(shield=True), anyio.move_on_after(self.connection._cancel_timeout):
             try:
                 await self.send(Kind.CANCEL)
-                while True:
-                    if self._pending:
-                        frame = self._pending.pop(0)
-                    else:
-                        frame = await self._receive.receive()
-                    if frame.kind in _TERMINAL:
-                        break
-            except (WorkerError, anyio.EndOfStream, anyio.ClosedResourceError):
+                while (await self._wait_frame()).kind not in _TERMINAL:
+                    pass
+            except (WorkerError, _Lost):
                 pass
 
     async def release(self) -> None:
@@ -527,7 +566,6 @@ class _Call:
                 await self.abort()
         finally:
             self.connection._forget(self.id)
-            self._receive.close()
 
     async def step(self, kind: Kind, value: bytes = b"") -> tuple[bool, Any]:
         """Drive a streaming call by one step, carrying the caller's deadline and context
@@ -601,6 +639,10 @@ async def drive_stream(
 
 
 _NONE = serializer.dumps(None)
+
+
+class _Lost(Exception):
+    """A call's connection was lost (internal to :class:`_Call`)."""
 
 
 def _seconds_left() -> float | None:

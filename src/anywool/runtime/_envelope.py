@@ -10,11 +10,13 @@ routine in errors, without unpickling anything):
   is made from (a routine calling a routine; ``nil`` at the top); ``origin_key`` and ``origin``
   identify and rebuild the proxy of the pool the call tree started from (``nil``: none
   travelled); ``context`` the pickled values of the caller's context variables (``nil``: none
-  set).
+  set). The pickle ``origin`` travels only until the connection has delivered it once: later
+  calls carry ``origin_key`` alone, which the worker looks up among the last
+  :data:`ORIGINS_KEPT` origins of that connection (:class:`Origins`).
 * ``ASEND``, ``ATHROW``, ``ACLOSE``: ``[value, timeout, context]``, the same for one step of an
   async generator (``value`` is the pickled value sent or exception thrown; empty for
   ``ACLOSE``).
-* ``RESULT``, ``EXCEPTION``: ``[value, changes]``; ``END``: ``[changes]`` or empty. ``changes``
+* ``RETURN``, ``RESULT``, ``EXCEPTION``: ``[value, changes]``; ``END``: ``[changes]`` or empty. ``changes``
   is the pickle of the context variables the routine (or step) changed, or ``nil``.
 * ``NACK``: empty when the worker is stopping, :data:`BUSY` when it is at its
   ``max_concurrency``.
@@ -41,6 +43,9 @@ BUSY = b"busy"
 
 _ORIGIN_KEY_SIZE = 16
 _U64 = 1 << 64
+#: The origins a worker remembers per connection (a client sends a new one only when its pool's
+#: own workers change, so this is never reached in practice).
+ORIGINS_KEPT = 16
 
 
 def _unpack(payload: bytes, length: int, what: str) -> list[Any]:
@@ -86,14 +91,40 @@ class CallRequest:
     context: bytes | None = None
 
 
-def encode_call(request: CallRequest) -> bytes:
+def encode_call(request: CallRequest, *, origin_known: bool = False) -> bytes:
+    """The payload of a ``CALL``; with ``origin_known`` its origin travels by key alone (the
+    connection delivered it whole before)."""
     key, blob = request.origin if request.origin is not None else (None, None)
-    return _pack([request.call, request.name, request.timeout, request.caller, key, blob,
-                  request.context])
+    return _pack([request.call, request.name, request.timeout, request.caller, key,
+                  None if origin_known else blob, request.context])
 
 
-def decode_call(payload: bytes) -> CallRequest:
-    """:raises FrameError: the payload is not a call's header."""
+class Origins:
+    """The origins one connection's calls referred to, by key: the last :data:`ORIGINS_KEPT`."""
+
+    __slots__ = ("_by_key",)
+
+    def __init__(self) -> None:
+        self._by_key: dict[bytes, bytes] = {}
+
+    def learn(self, key: bytes, blob: bytes) -> None:
+        by_key = self._by_key
+        by_key.pop(key, None)
+        by_key[key] = blob
+        if len(by_key) > ORIGINS_KEPT:
+            del by_key[next(iter(by_key))]
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._by_key.get(key)
+
+
+def decode_call(payload: bytes, origins: Origins | None = None) -> CallRequest:
+    """Parse a call's header; an origin that travels by key alone is looked up in ``origins``
+    (those that travelled whole are added to it).
+
+    :raises FrameError: the payload is not a call's header, or refers to an origin by a key
+        ``origins`` does not hold.
+    """
     call, name, timeout, caller, key, blob, context = _unpack(payload, 7, "call")
     if not isinstance(call, bytes):
         raise FrameError("a call's routine and arguments must be bytes")
@@ -104,9 +135,18 @@ def decode_call(payload: bytes) -> CallRequest:
         raise FrameError(f"a caller's call id must be an unsigned 64-bit int, got {caller!r}")
     key = _optional_bytes(key, "an origin key")
     blob = _optional_bytes(blob, "an origin")
-    if (key is None) != (blob is None) or (key is not None and len(key) != _ORIGIN_KEY_SIZE):
-        raise FrameError("a call's origin must be a 16-byte key and a pickle, or neither")
-    origin = None if key is None or blob is None else (key, blob)
+    if (key is None and blob is not None) or (key is not None and len(key) != _ORIGIN_KEY_SIZE):
+        raise FrameError("a call's origin must be a 16-byte key (and its pickle), or neither")
+    origin = None
+    if key is not None:
+        if blob is not None:
+            if origins is not None:
+                origins.learn(key, blob)
+        else:
+            blob = None if origins is None else origins.get(key)
+            if blob is None:
+                raise FrameError("a call refers to an origin this connection never delivered")
+        origin = (key, blob)
     return CallRequest(call, name, _timeout(timeout), caller, origin,
                        _optional_bytes(context, "a call's context"))
 

@@ -234,10 +234,12 @@ class WorkerProxy(SingleUse):
         self._failure: BaseException | None = None
         self._changed = anyio.Event()
         self._in_flight = _InFlight()
-        # Calls that every worker refused as busy, in the order they began to wait, and a count
-        # of ROOM frames and changes of workers (see _deliver).
+        # Calls that every worker refused as busy, in the order they began to wait; the rooms
+        # that found no waiter, for calls being refused meanwhile; a count of the changes of
+        # workers (see _deliver).
         self._room_waiters: dict[anyio.Event, None] = {}
-        self._rooms = 0
+        self._spare_rooms = 0
+        self._generation = 0
         # What calls carry so that their routines can call routines (see runtime._nested):
         # this proxy's pickle and a digest of it, its key, made once (again when the pool's own
         # workers change). Proxies that pickle alike share one proxy on each worker.
@@ -321,7 +323,7 @@ class WorkerProxy(SingleUse):
         self._ready_list = list(self._ready.values())
         self._changed.set()
         self._changed = anyio.Event()
-        self._rooms += 1
+        self._generation += 1
         waiters, self._room_waiters = self._room_waiters, {}
         for room in waiters:
             room.set()
@@ -587,7 +589,7 @@ class WorkerProxy(SingleUse):
                 raise
 
         while True:
-            rooms = self._rooms  # before trying: a ROOM arriving meanwhile changes it
+            generation = self._generation  # before trying: new workers, and it tries again
             workers = await self._workers()
             refused = False
             try:
@@ -595,12 +597,17 @@ class WorkerProxy(SingleUse):
             except NoWorkersAvailable:
                 if not (refused or any(connection.busy for _, connection in workers)):
                     raise
-            if self._rooms != rooms:
+            if self._generation != generation:
                 continue
             # A ROOM frame (a call ended on a worker that refused one of ours) wakes one waiter,
             # the longest waiting; a change of workers wakes them all. A waiter whose call is
             # accepted wakes the next, which tries too: refused, it makes the worker owe this
-            # connection a ROOM again, so room freed later is never missed.
+            # connection a ROOM again, so room freed later is never missed. A ROOM that came
+            # while nobody waited goes to one call refused since (not to all of them: a burst
+            # of refusals would all try again at once).
+            if self._spare_rooms:
+                self._spare_rooms -= 1
+                continue
             room = anyio.Event()
             self._room_waiters[room] = None
             try:
@@ -617,11 +624,13 @@ class WorkerProxy(SingleUse):
             self._on_room()
 
     def _on_room(self) -> None:
-        self._rooms += 1
         room = next(iter(self._room_waiters), None)
         if room is not None:
             del self._room_waiters[room]
             room.set()
+        else:
+            # At most one per worker: more would only send calls to be refused again.
+            self._spare_rooms = min(self._spare_rooms + 1, len(self._ready_list))
 
     async def dispatch(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run the coroutine routine ``fn(*args, **kwargs)`` on a worker and return its result.

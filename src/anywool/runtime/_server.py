@@ -1,7 +1,7 @@
 """The serving side of the worker protocol: one worker's connections, calls and replies.
 
 :class:`Server` handles each connection a worker accepts: it reads frames, runs each call in a
-task of that connection's task group, answers ``Ack? (Result* (Exception | End)) | Nack`` (see
+task of that connection's task group, answers as :mod:`anywool.runtime._wire` says (see
 :mod:`anywool.runtime._wire` and :mod:`anywool.runtime._envelope`), admits at most
 ``max_concurrency`` calls, and stops as it is told (:class:`_Stop`). A connection that closes
 cancels its calls; a call's failure, whatever a routine or its values do, fails that call only.
@@ -61,7 +61,7 @@ class _Stop:
         self.grace: float | None = None
         self.draining = False
         self.in_flight = 0
-        self._changed = anyio.Event()
+        self._changed: anyio.Event | None = None  # made only while somebody drains
         self._drain_scope: anyio.CancelScope | None = None
 
     def request(self, grace: float) -> None:
@@ -78,8 +78,9 @@ class _Stop:
 
     def finished(self) -> None:
         self.in_flight -= 1
-        self._changed.set()
-        self._changed = anyio.Event()
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
 
     async def drain(self) -> None:
         """Wait until no call is in flight, for at most ``grace`` seconds (< 0: no bound)."""
@@ -96,6 +97,8 @@ class _Stop:
         """Wait until no call is in flight, for at most ``timeout`` seconds."""
         with anyio.move_on_after(timeout):
             while self.in_flight:
+                if self._changed is None:
+                    self._changed = anyio.Event()
                 await self._changed.wait()
 
 
@@ -107,20 +110,44 @@ _UNTRACKED = _Untracked()
 
 
 class _ServerCall:
+    __slots__ = ("id", "scope", "name", "streaming", "protocol_error", "_step", "_arrived")
+
     def __init__(self, call_id: int) -> None:
         self.id = call_id
         self.scope = anyio.CancelScope()
-        # A client drives a generator one step at a time: one step frame can be pending, never
-        # more (anything else is a protocol error, not a queue to grow).
-        self.inbox_send, self.inbox = anyio.create_memory_object_stream[Frame](1)
         self.name = "<routine>"
         self.streaming: bool | None = None  # known once the routine is loaded
         self.protocol_error: str | None = None
+        # A client drives a generator one step at a time: one step frame can be pending, never
+        # more (anything else is a protocol error, not a queue to grow).
+        self._step: Frame | None = None
+        self._arrived: anyio.Event | None = None
 
     def refuse(self, frames_it_cannot_use: str) -> None:
         """A protocol error: end this call (its reply says why); the connection goes on."""
         self.protocol_error = frames_it_cannot_use
         self.scope.cancel()
+
+    @property
+    def step_pending(self) -> bool:
+        return self._step is not None
+
+    def put_step(self, frame: Frame) -> bool:
+        """Hold the client's next step; ``False`` when one is held already."""
+        if self._step is not None:
+            return False
+        self._step = frame
+        if self._arrived is not None:
+            self._arrived.set()
+        return True
+
+    async def next_step(self) -> Frame:
+        """The client's next step, once it sent one."""
+        while self._step is None:
+            arrived = self._arrived = anyio.Event()
+            await arrived.wait()
+        frame, self._step = self._step, None
+        return frame
 
 
 class Server:
@@ -187,11 +214,12 @@ class Server:
 
     async def _handle(self, stream: ByteStream, frames: FrameStream) -> None:
         calls: dict[int, _ServerCall] = {}
+        origins = envelope.Origins()
         async with stream, anyio.create_task_group() as tg:
             try:
                 while True:
                     frame = await frames.receive()
-                    self._route(frame, frames, calls, tg)
+                    self._route(frame, frames, calls, origins, tg)
             except PEER_HUNG_UP:
                 pass
             except (FrameError, OSError) as exc:
@@ -202,9 +230,17 @@ class Server:
             tg.cancel_scope.cancel()  # the client is gone: cancel its calls
 
     def _route(
-        self, frame: Frame, frames: FrameStream, calls: dict[int, _ServerCall], tg: TaskGroup
+        self, frame: Frame, frames: FrameStream, calls: dict[int, _ServerCall],
+        origins: envelope.Origins, tg: TaskGroup
     ) -> None:
         if frame.kind == Kind.CALL:
+            # Decoded here, in the order the calls came, refused or not: a call's origin
+            # travels whole only until the connection delivered it once.
+            request: envelope.CallRequest | FrameError
+            try:
+                request = envelope.decode_call(frame.payload, origins)
+            except FrameError as exc:
+                request = exc
             if self.stop.draining or frame.call_id in calls:
                 tg.start_soon(_refuse, frames, frame.call_id)
                 return
@@ -215,7 +251,7 @@ class Server:
             calls[call.id] = call
             self.calls.add(call)
             self.stop.started()
-            tg.start_soon(self._run, frames, call, frame.payload, calls)
+            tg.start_soon(self._run, frames, call, request, calls)
             return
         call = calls.get(frame.call_id)
         if call is None:
@@ -226,12 +262,8 @@ class Server:
             if call.streaming is False:
                 call.refuse(f"a {frame.kind.name} frame for a coroutine call")
                 return
-            try:
-                call.inbox_send.send_nowait(frame)
-            except anyio.WouldBlock:
+            if not call.put_step(frame):
                 call.refuse(f"a {frame.kind.name} frame while the previous step is pending")
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                pass  # the call is ending
 
     # -- admission -----------------------------------------------------------------------------
 
@@ -262,10 +294,11 @@ class Server:
     # -- calls ---------------------------------------------------------------------------------
 
     async def _run(
-        self, frames: FrameStream, call: _ServerCall, payload: bytes, calls: dict[int, _ServerCall]
+        self, frames: FrameStream, call: _ServerCall,
+        request: envelope.CallRequest | FrameError, calls: dict[int, _ServerCall]
     ) -> None:
         try:
-            await self._execute(frames, call, payload)
+            await self._execute(frames, call, request)
         except PEER_GONE:
             pass  # the client is gone; its connection handler cancels the rest
         except anyio.get_cancelled_exc_class():
@@ -283,15 +316,15 @@ class Server:
         finally:
             calls.pop(call.id, None)
             self.calls.discard(call)
-            call.inbox_send.close()
-            call.inbox.close()
             self.stop.finished()
             self._offer_room()
 
-    async def _execute(self, frames: FrameStream, call: _ServerCall, payload: bytes) -> None:
+    async def _execute(self, frames: FrameStream, call: _ServerCall,
+                       request: envelope.CallRequest | FrameError) -> None:
         with call.scope:
             try:
-                request = envelope.decode_call(payload)
+                if isinstance(request, FrameError):
+                    raise request
                 call.name = request.name
                 fn, args, kwargs = serializer.loads_value(request.call, call.name,
                                                           "the arguments", self._on)
@@ -310,7 +343,7 @@ class Server:
             if call.streaming:
                 await self._run_generator(frames, call, request.caller, body, args, kwargs)
             else:
-                if call.inbox_send.statistics().current_buffer_used:  # sent before it loaded
+                if call.step_pending:  # sent before it loaded
                     call.refuse("a step frame for a coroutine call")
                 set_running(RoutineTask(call.id, request.caller, call.name, call.scope.deadline))
                 _context.apply(values)
@@ -346,8 +379,7 @@ class Server:
         except BaseException as exc:
             await self._reply_exception(frames, call, self._reportable(call, exc), values)
             return
-        if await self._reply_value(frames, call, value, "the value it returned", values):
-            await frames.send(Frame(Kind.END, call.id))
+        await self._reply_value(frames, call, value, "the value it returned", values, Kind.RETURN)
 
     async def _run_generator(
         self,
@@ -360,7 +392,8 @@ class Server:
     ) -> None:
         agen = body(*args, **kwargs)
         try:
-            async for frame in call.inbox:
+            while True:
+                frame = await call.next_step()
                 sent: Any = None
                 thrown: BaseException | None = None
                 try:
@@ -443,7 +476,10 @@ class Server:
                                                                      self._on)
 
     async def _reply_value(self, frames: FrameStream, call: _ServerCall, value: object,
-                           what: str, before: dict[str, Any] | None) -> bool:
+                           what: str, before: dict[str, Any] | None,
+                           kind: Kind = Kind.RESULT) -> bool:
+        """Send ``value`` as a ``RESULT`` (a generator's item) or ``RETURN`` (a coroutine's
+        value, which ends the call); ``False`` when it failed the call instead."""
         try:
             data = serializer.dumps_value(value, call.name, what, self._on)
             changes = self._changes(call, before)
@@ -453,7 +489,7 @@ class Server:
         payload = envelope.encode_reply(data, changes)
         limit = payload_limit(frames.max_frame_size)
         if len(payload) <= limit:
-            await frames.send(Frame(Kind.RESULT, call.id, payload))
+            await frames.send(Frame(kind, call.id, payload))
             return True
         too_large = (f"the value produced by {call.name}"
                      if len(envelope.encode_reply(data)) > limit

@@ -63,7 +63,7 @@ from anywool import _interfaces, _secret
 from anywool._address import Address
 from anywool._errno import exhausted
 from anywool.errors import AuthenticationError
-from anywool.runtime import _auth, _lifeline, _socket_dir
+from anywool.runtime import _auth, _lifeline, _socket, _socket_dir
 from anywool.runtime._nested import NestedProxies, idle_timeout_from_environment
 from anywool.runtime._server import LINGER, REPLY_TIMEOUT, Server
 
@@ -192,23 +192,22 @@ class _Gatekeeper:
 async def _accept(listener: SocketListener,
                   handler: Callable[[ByteStream], Coroutine[Any, Any, None]],
                   handlers: TaskGroup, places: anyio.Semaphore | None = None) -> None:
-    # Handlers run in ``handlers``. Closing the listener stops accepting, nothing else: under
-    # asyncio, anyio's close deregisters the pending accept before waking it, whereas cancelling
-    # it can make the loop report InvalidStateError if a client connects in that iteration.
-    # Out of descriptors or memory, the worker waits for some to be freed (the pending client
-    # stays in the backlog) and goes on serving what it has. With ``places``, it takes one
-    # before each accept; the handler gives it back.
+    # Handlers run in ``handlers``, each on a connection of our own (_socket.SocketStream: anyio
+    # listens and binds, we accept). Closing the listener (_close_listener) stops accepting,
+    # nothing else. Out of descriptors or memory, the worker waits for some to be freed (the
+    # pending client stays in the backlog) and goes on serving what it has. With ``places``,
+    # it takes one before each accept; the handler gives it back.
+    sock = listener.extra(SocketAttribute.raw_socket)
     warned = False
     while True:
         if places is not None:
             await places.acquire()
         try:
-            stream = await listener.accept()
+            stream = await _socket.accept(sock)
         except anyio.ClosedResourceError:
             return
-        except (anyio.BrokenResourceError, OSError) as exc:
-            # anyio wraps the error of a Unix listener, not that of a TCP one under asyncio.
-            cause = exc.__cause__ if isinstance(exc, anyio.BrokenResourceError) else exc
+        except OSError as exc:
+            cause = exc
             if not exhausted(cause):
                 raise
             if places is not None:
@@ -221,6 +220,16 @@ async def _accept(listener: SocketListener,
             continue
         warned = False
         handlers.start_soon(handler, stream)
+
+
+async def _close_listener(listener: Listener[ByteStream]) -> None:
+    """Close ``listener``, first waking the accept loops waiting on its sockets (they end)."""
+    for one in _sockets(listener):
+        try:
+            anyio.notify_closing(one.extra(SocketAttribute.raw_socket))
+        except (anyio.TypedAttributeLookupError, OSError):
+            pass  # closed already
+    await listener.aclose()
 
 
 async def serve(address: Address | None = None, home: Path | None = None, *,
@@ -273,7 +282,7 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
                 worker.stop.draining = True
                 await worker.stop.drain()
                 with anyio.CancelScope(shield=True):
-                    await listener.aclose()  # stop accepting
+                    await _close_listener(listener)  # stop accepting
                 await worker.cancel_calls(REPLY_TIMEOUT)
                 # Before the connections: a proxy connected to this worker hangs up itself.
                 with anyio.move_on_after(LINGER):
@@ -285,7 +294,7 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
             main_tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
-            await listener.aclose()
+            await _close_listener(listener)
         remove_socket()
 
 

@@ -1,0 +1,245 @@
+"""Connected sockets as AnyIO byte streams that the frame codec can also drive without waiting.
+
+:class:`SocketStream` is a :class:`~anyio.abc.ByteStream` over one non-blocking stream socket
+(Unix or TCP) on either backend, plus two calls that never wait: :meth:`SocketStream.try_send`
+and :meth:`SocketStream.try_receive`. The frame codec (:mod:`anywool.runtime._wire`) uses those
+so that a frame the socket takes or holds at once costs one system call and no trip through the
+event loop; it waits (``anyio.wait_readable`` / ``anyio.wait_writable``) only when the socket
+would block. AnyIO's own socket streams checkpoint on every send and receive, and under asyncio
+put TCP behind a transport whose buffer a direct write would overtake; owning the socket avoids
+both. TLS is layered on top by :class:`~anyio.streams.tls.TLSStream`, as on any byte stream.
+
+Errors follow AnyIO's streams: a peer that reset or vanished raises
+``anyio.BrokenResourceError`` (with the ``OSError`` as its cause), a stream closed here
+``anyio.ClosedResourceError``, an orderly end ``anyio.EndOfStream``.
+
+Here: connecting (:func:`connect`), accepting (:func:`accept`), the stream. No frames.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+from anyio.abc import ByteStream, SocketAttribute
+
+from anywool._address import Address
+
+#: The most bytes one receive asks the socket for.
+RECEIVE_SIZE = 65536
+
+
+class SocketStream(ByteStream):
+    """A byte stream over a connected stream socket, which it owns (and sets non-blocking).
+
+    :param sock: a connected ``SOCK_STREAM`` socket (``AF_UNIX``, ``AF_INET`` or ``AF_INET6``).
+
+    One task may receive and one may send at a time (the frame codec serialises its senders).
+    Closing wakes a task waiting on the socket with ``anyio.ClosedResourceError``.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            # Frames are written whole, one send each: Nagle would only hold small ones back.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock = sock
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _broken(self, exc: OSError) -> Exception:
+        if self._closed or exc.errno == errno.EBADF:
+            return anyio.ClosedResourceError()
+        error = anyio.BrokenResourceError(f"{exc.strerror or exc}")
+        error.__cause__ = exc
+        return error
+
+    def try_send(self, data: bytes | memoryview) -> int:
+        """Write what the socket takes now; the number of bytes written (0: it would block).
+
+        :raises anyio.ClosedResourceError: the stream was closed here.
+        :raises anyio.BrokenResourceError: the peer is gone.
+        """
+        if self._closed:
+            raise anyio.ClosedResourceError
+        try:
+            return self._sock.send(data)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise self._broken(exc) from exc
+
+    def try_receive(self, max_bytes: int = RECEIVE_SIZE) -> bytes | None:
+        """What the socket holds now, up to ``max_bytes`` (``None``: nothing yet; ``b""``: the
+        peer ended its side).
+
+        :raises anyio.ClosedResourceError: the stream was closed here.
+        :raises anyio.BrokenResourceError: the connection failed.
+        """
+        if self._closed:
+            raise anyio.ClosedResourceError
+        try:
+            return self._sock.recv(max_bytes)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            raise self._broken(exc) from exc
+
+    async def wait_readable(self) -> None:
+        """Wait until a receive would not block (cancellable).
+
+        :raises anyio.ClosedResourceError: the stream was closed, before or meanwhile.
+        """
+        if self._closed:
+            raise anyio.ClosedResourceError
+        await anyio.wait_readable(self._sock)
+        if self._closed:
+            raise anyio.ClosedResourceError
+
+    async def wait_writable(self) -> None:
+        """Wait until a send would not block (cancellable).
+
+        :raises anyio.ClosedResourceError: the stream was closed, before or meanwhile.
+        """
+        if self._closed:
+            raise anyio.ClosedResourceError
+        await anyio.wait_writable(self._sock)
+        if self._closed:
+            raise anyio.ClosedResourceError
+
+    async def receive(self, max_bytes: int = RECEIVE_SIZE) -> bytes:
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            data = self.try_receive(max_bytes)
+            if data is None:
+                await self.wait_readable()
+            elif not data:
+                raise anyio.EndOfStream
+            else:
+                return data
+
+    async def send(self, item: bytes) -> None:
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        view = memoryview(item)
+        while view:
+            written = self.try_send(view)
+            if written:
+                view = view[written:]
+            else:
+                await self.wait_writable()
+
+    async def send_eof(self) -> None:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            raise self._broken(exc) from exc
+
+    async def aclose(self) -> None:
+        self.close()
+        await anyio.lowlevel.checkpoint()
+
+    def close(self) -> None:
+        """Close now (synchronous; what :meth:`aclose` does besides its checkpoint)."""
+        if not self._closed:
+            self._closed = True
+            try:
+                anyio.notify_closing(self._sock)
+            except RuntimeError:
+                pass  # no event loop: nobody can be waiting on it
+            self._sock.close()
+
+    @property
+    def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
+        sock = self._sock
+        attributes: dict[Any, Callable[[], Any]] = {
+            SocketAttribute.family: lambda: sock.family,
+            SocketAttribute.local_address: lambda: _address(sock.getsockname()),
+            SocketAttribute.raw_socket: lambda: sock,
+        }
+        if sock.family != socket.AF_UNIX:
+            attributes[SocketAttribute.remote_address] = lambda: _address(sock.getpeername())
+            attributes[SocketAttribute.local_port] = lambda: sock.getsockname()[1]
+            attributes[SocketAttribute.remote_port] = lambda: sock.getpeername()[1]
+        return attributes
+
+
+def _address(name: Any) -> Any:
+    # anyio's convention: (host, port) for IP, the path for a Unix socket.
+    return tuple(name[:2]) if isinstance(name, tuple) else name
+
+
+async def connect(address: Address) -> SocketStream:
+    """Connect to ``address`` (a Unix socket path, or a TCP host and port).
+
+    A host name is resolved with ``anyio.getaddrinfo`` and its addresses tried in order.
+
+    :raises OSError: the connection failed (the last address's error, for several).
+    :raises ValueError: the host cannot be encoded (IDNA).
+    Cancellation: cancellable; nothing is left open.
+    """
+    if address.path is not None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            while True:
+                try:
+                    sock.connect(address.path)
+                    break
+                except BlockingIOError:  # the listener's backlog is full: wait, then retry
+                    await anyio.wait_writable(sock)
+        except BaseException:
+            sock.close()
+            raise
+        return SocketStream(sock)
+    assert address.host is not None and address.port is not None
+    infos = await anyio.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM)
+    failure: OSError = OSError(f"{address.host!r} resolved to no address")
+    for family, kind, proto, _, sockaddr in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            code = sock.connect_ex(sockaddr)
+            if code in (errno.EINPROGRESS, errno.EAGAIN):
+                await anyio.wait_writable(sock)
+                code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if code:
+                raise OSError(code, f"{errno.errorcode.get(code, code)}: connecting to "
+                                    f"{sockaddr!r}")
+        except OSError as exc:
+            sock.close()
+            failure = exc
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        return SocketStream(sock)
+    raise failure
+
+
+async def accept(listener: socket.socket) -> SocketStream:
+    """The next connection to ``listener`` (a listening socket, set non-blocking here).
+
+    :raises anyio.ClosedResourceError: the listener was closed (after
+        ``anyio.notify_closing``), before or meanwhile.
+    :raises OSError: accepting failed (e.g. ``EMFILE``: out of descriptors).
+    Cancellation: cancellable; nothing is accepted then.
+    """
+    listener.setblocking(False)
+    while True:
+        if listener.fileno() == -1:
+            raise anyio.ClosedResourceError
+        try:
+            sock, _ = listener.accept()
+        except BlockingIOError:
+            await anyio.wait_readable(listener)
+            continue
+        return SocketStream(sock)
