@@ -27,7 +27,7 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
-from anyio.abc import ByteStream, TaskGroup
+from anyio.abc import ByteStream, TaskGroup, TaskStatus
 
 from anywool.errors import PayloadTooLarge, RoutineAborted, RoutineCancelled, SerializationError
 from anywool.runtime import _context
@@ -576,8 +576,13 @@ class Server:
         await anyio.wait_readable(pidfd)
         self.stop.request(0)
 
-    async def watch_signals(self) -> None:
+    async def watch_signals(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                            ) -> None:
+        """Stop on SIGTERM (now) and SIGINT (drain); started once the handlers are installed
+        (so before the worker announces itself: a worker already out of descriptors could not
+        import what installing them needs)."""
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            task_status.started()
             async for signum in signals:
                 self.stop.request(0 if signum == signal.SIGTERM else -1)
 

@@ -18,6 +18,7 @@ Here: connecting (:func:`connect`), accepting (:func:`accept`), the stream. No f
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import socket
 from collections.abc import Callable, Mapping
@@ -25,6 +26,7 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+import sniffio
 from anyio.abc import ByteStream, SocketAttribute
 
 from anywool._address import Address
@@ -49,6 +51,10 @@ class SocketStream(ByteStream):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock
         self._closed = False
+        # Under asyncio, how this stream waits to read (see _AsyncioReadable); None: anyio's
+        # wait_readable (trio, or not known yet).
+        self._readable: _AsyncioReadable | None = None
+        self._backend_known = False
 
     @property
     def closed(self) -> bool:
@@ -99,7 +105,14 @@ class SocketStream(ByteStream):
         """
         if self._closed:
             raise anyio.ClosedResourceError
-        await anyio.wait_readable(self._sock)
+        if not self._backend_known:
+            self._backend_known = True
+            if sniffio.current_async_library() == "asyncio":
+                self._readable = _AsyncioReadable(asyncio.get_running_loop(), self._sock.fileno())
+        if self._readable is not None:
+            await self._readable.wait()
+        else:
+            await anyio.wait_readable(self._sock)
         if self._closed:
             raise anyio.ClosedResourceError
 
@@ -151,6 +164,8 @@ class SocketStream(ByteStream):
         """Close now (synchronous; what :meth:`aclose` does besides its checkpoint)."""
         if not self._closed:
             self._closed = True
+            if self._readable is not None:
+                self._readable.close()
             try:
                 anyio.notify_closing(self._sock)
             except RuntimeError:
@@ -170,6 +185,56 @@ class SocketStream(ByteStream):
             attributes[SocketAttribute.local_port] = lambda: sock.getsockname()[1]
             attributes[SocketAttribute.remote_port] = lambda: sock.getpeername()[1]
         return attributes
+
+
+class _AsyncioReadable:
+    """Waits for a socket to turn readable under asyncio, leaving it registered between waits.
+
+    ``anyio.wait_readable`` registers the descriptor with the selector for each wait and
+    removes it after (two ``epoll_ctl`` calls and the selector's bookkeeping, per frame read).
+    A reader that waits again as soon as it has read keeps one registration instead. Readiness
+    is level-triggered, so the callback unregisters the descriptor when it finds nobody
+    waiting, rather than run at every loop iteration until somebody reads.
+    """
+
+    __slots__ = ("_loop", "_fd", "_waiter", "_registered")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        self._loop = loop
+        self._fd = fd
+        self._waiter: asyncio.Future[None] | None = None
+        self._registered = False
+
+    def _ready(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is None:
+            self._loop.remove_reader(self._fd)
+            self._registered = False
+        elif not waiter.done():
+            waiter.set_result(None)
+
+    async def wait(self) -> None:
+        if self._waiter is not None:
+            raise anyio.BusyResourceError("waiting to read from")
+        if not self._registered:
+            self._loop.add_reader(self._fd, self._ready)
+            self._registered = True
+        waiter = self._waiter = self._loop.create_future()
+        try:
+            await waiter
+        finally:
+            if self._waiter is waiter:
+                self._waiter = None
+
+    def close(self) -> None:
+        """Unregister (before the descriptor is closed) and wake a waiter, which then finds the
+        stream closed."""
+        if self._registered:
+            self._loop.remove_reader(self._fd)
+            self._registered = False
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
 
 def _address(name: Any) -> Any:

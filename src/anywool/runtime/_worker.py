@@ -266,7 +266,7 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
             main_tg.start_soon(worker.watch_stdin)
             if lifeline is not None:
                 main_tg.start_soon(worker.watch_parent, lifeline.parent)
-            main_tg.start_soon(worker.watch_signals)
+            await main_tg.start(worker.watch_signals)
             async with anyio.create_task_group() as serving:
                 handler, places = worker.handle, None
                 if not announced.is_unix:
