@@ -24,10 +24,14 @@ $(VENV)/.bench-installed: pyproject.toml $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	touch $@
 
+# Every figure also goes to $(BENCH_JSON)/<script>.json.
+BENCH_JSON ?= .bench
+
 bench: $(VENV)/.bench-installed
-	$(BIN)/python benchmarks/peers.py $(ARGS)
-	$(BIN)/python benchmarks/run.py $(ARGS)
-	$(BIN)/python benchmarks/discovery.py $(ARGS)
+	mkdir -p $(BENCH_JSON)
+	$(BIN)/python benchmarks/peers.py --json $(BENCH_JSON)/peers.json $(ARGS)
+	$(BIN)/python benchmarks/run.py --json $(BENCH_JSON)/run.json $(ARGS)
+	$(BIN)/python benchmarks/discovery.py --json $(BENCH_JSON)/discovery.json $(ARGS)
 	$(BIN)/python benchmarks/lan.py
 
 clean:

@@ -72,10 +72,27 @@ async def round_trip(echo: Callable[[int], Awaitable[Any]], calls: int) -> dict[
     return summary_ms(samples, "calls")
 
 
+def cpu_seconds() -> float:
+    """CPU time (user + system, s) used so far by this process and every live process under it
+    (workers, their sidecars): what a call costs the machine, wherever it runs."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:  # exited meanwhile
+            continue
+        total += times.user + times.system
+    return total
+
+
 async def throughput(echo: Callable[[int], Awaitable[Any]], callers: int,
-                     total: int) -> dict[str, Any]:
+                     total: int, *, cpu: bool = False) -> dict[str, Any]:
     """``callers`` tasks awaiting ``echo`` sequentially, about ``total`` calls in all, after one
-    untimed call per task (so that every worker and connection they need is up)."""
+    untimed call per task (so that every worker and connection they need is up). With ``cpu``,
+    also the CPU time per call of this process and its children (:func:`cpu_seconds`)."""
     import anyio
 
     per_caller = math.ceil(total / callers)
@@ -90,11 +107,42 @@ async def throughput(echo: Callable[[int], Awaitable[Any]], callers: int,
                 tg.start_soon(caller, count)
 
     await run(1)
+    cpu_start = cpu_seconds() if cpu else 0.0
     start = time.perf_counter_ns()
     await run(per_caller)
     elapsed = (time.perf_counter_ns() - start) / 1e9
     done = per_caller * callers
-    return {"callers": callers, "calls": done, "seconds": elapsed, "calls_per_s": done / elapsed}
+    result = {"callers": callers, "calls": done, "seconds": elapsed, "calls_per_s": done / elapsed}
+    if cpu:
+        result["cpu_ms_per_call"] = (cpu_seconds() - cpu_start) * 1e3 / done
+    return result
+
+
+async def streaming(stream: Callable[[int], Any], items: int, runs: int) -> dict[str, Any]:
+    """``runs`` full iterations of ``stream(items)`` after one untimed; time per item (µs)."""
+
+    async def consume() -> int:
+        count = 0
+        async for _ in stream(items):
+            count += 1
+        return count
+
+    await consume()  # warm-up
+    per_item_us: list[float] = []
+    for _ in range(runs):
+        start = time.perf_counter_ns()
+        count = await consume()
+        elapsed = time.perf_counter_ns() - start
+        if count != items:
+            raise RuntimeError(f"stream yielded {count} items, expected {items}")
+        per_item_us.append(elapsed / 1e3 / count)
+    return {
+        "items": items,
+        "runs": runs,
+        "median_us_per_item": statistics.median(per_item_us),
+        "min_us_per_item": min(per_item_us),
+        "max_us_per_item": max(per_item_us),
+    }
 
 
 def load_average() -> float:
@@ -187,20 +235,27 @@ def measure_plan(
     Repeats go round the whole plan, so that a burst of other load on the machine does not land
     on one framework's figures only. A pair that fails once is dropped from later rounds.
     """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     samples: dict[str, list[dict[str, Any]]] = {}
     failures: dict[str, str] = {}
-    for round_ in range(repeat):
-        for framework, backend in plan:
-            key = f"{framework}-{backend}"
-            if key in failures:
-                continue
-            print(f"measuring {key} ({round_ + 1}/{repeat}) ...", file=sys.stderr, flush=True)
-            result, failure = run_one(framework, backend)
-            if result is not None:
-                samples.setdefault(key, []).append(result)
-            else:
-                failures[key] = failure or "unknown failure"
-                samples.pop(key, None)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True)) as progress:
+        bar = progress.add_task("measuring", total=repeat * len(plan))
+        for round_ in range(repeat):
+            for framework, backend in plan:
+                key = f"{framework}-{backend}"
+                progress.update(bar, description=f"measuring {key} ({round_ + 1}/{repeat})")
+                if key not in failures:
+                    result, failure = run_one(framework, backend)
+                    if result is not None:
+                        samples.setdefault(key, []).append(result)
+                    else:
+                        failures[key] = failure or "unknown failure"
+                        samples.pop(key, None)
+                progress.advance(bar)
     return samples, failures
 
 

@@ -10,6 +10,8 @@ pairs interleaved over ``--repeat`` rounds, medians reported (issue 11, delivera
 * ``to_process``: ``anyio.to_process.run_sync(echo_sync, i)`` (asyncio, trio);
 * ``trio_parallel``: ``trio_parallel.run_sync(echo_sync, i)`` (trio only; skipped with a note
   when ``trio_parallel`` does not import);
+* ``wool``: ``wool.WorkerPool`` awaiting ``wool_routines.echo`` (asyncio only; skipped with a
+  note when ``wool`` does not import: it is never a dependency of this project);
 * ``floor``: processes running ``floor_server.py``, a length-prefixed (4-byte big-endian) echo
   of one pickled int per round trip over a Unix socket, the client on anyio streams (one
   connection per caller, spread round robin over the servers).
@@ -21,6 +23,11 @@ ratio to ``to_process`` on the same backend and to the floor on the same backend
 * throughput at 1, 16 and 64 concurrent callers, 2 workers (anywool ``spawn=2``; a
   ``CapacityLimiter(2)`` for to_process and trio_parallel; 2 floor servers), one warm-up call per
   caller, then ``--throughput-calls`` calls in all per caller count; calls/s over the wall time;
+* CPU time per call in the 64-caller run: user + system time of the calling process and of
+  every process under it (workers, servers, sidecars), over the calls made;
+* streaming per item: ``async for`` over a remote async generator of 2 000 items, 1 worker, one
+  pull per item (anywool and wool; the others cannot stream: their figure is "-", and the
+  ratio to the floor is to the floor's round trip, which is what one pull costs at least);
 * pool start and stop, 2 workers, 5 times, each in a fresh ``anyio.run``: *start* from inside
   the new event loop until two concurrent first calls are answered (to_process and
   trio_parallel start their workers on demand, so it includes that); *stop* from then until
@@ -58,14 +65,22 @@ MIN_CALLS = 500
 MIN_THROUGHPUT_CALLS = 1_000
 CHILD_TIMEOUT = 300.0  # seconds for one child run before it is killed (failure path only)
 
-PEERS = ("anywool", "to_process", "trio_parallel", "floor")
+STREAM_ITEMS = 2_000
+STREAM_RUNS = 5
+
+PEERS = ("anywool", "to_process", "trio_parallel", "wool", "floor")
 BACKENDS_OF = {
     "anywool": ("asyncio", "trio"),
     "to_process": ("asyncio", "trio"),
     "trio_parallel": ("trio",),
+    "wool": ("asyncio",),
     "floor": ("asyncio", "trio"),
 }
-DISTRIBUTION = {"anywool": "anywool", "to_process": "anyio", "trio_parallel": "trio-parallel"}
+#: The optional peers: skipped, with a note, when their module does not import.
+OPTIONAL = {"trio_parallel": "trio_parallel", "wool": "wool"}
+STREAMING = ("anywool", "wool")
+DISTRIBUTION = {"anywool": "anywool", "to_process": "anyio", "trio_parallel": "trio-parallel",
+                "wool": "wool"}
 
 Echo = Callable[[int], Awaitable[Any]]
 
@@ -81,6 +96,25 @@ async def _anywool(workers: int, fresh: bool) -> AsyncIterator[Echo]:
 
     async with anywool.WorkerPool(spawn=workers):
         yield routines.echo
+
+
+@asynccontextmanager
+async def _wool(workers: int, fresh: bool) -> AsyncIterator[Echo]:
+    import wool
+    import wool_routines
+
+    async with wool.WorkerPool(spawn=workers):
+        yield wool_routines.echo
+
+
+def _stream_of(peer: str) -> Callable[[int], Any]:
+    if peer == "wool":
+        import wool_routines
+
+        return wool_routines.stream
+    import routines
+
+    return routines.stream
 
 
 @asynccontextmanager
@@ -176,7 +210,7 @@ async def _floor(workers: int, fresh: bool) -> AsyncIterator[Echo]:
 
 
 OPEN = {"anywool": _anywool, "to_process": _to_process, "trio_parallel": _trio_parallel,
-        "floor": _floor}
+        "wool": _wool, "floor": _floor}
 
 # ---------------------------------------------------------------------------------------------
 # Measurements
@@ -187,10 +221,13 @@ async def _measure(peer: str, calls: int, throughput_calls: int) -> dict[str, An
     results: dict[str, Any] = {}
     async with OPEN[peer](1, False) as echo:
         results["round_trip"] = await _harness.round_trip(echo, calls)
+        if peer in STREAMING:
+            results["streaming"] = await _harness.streaming(_stream_of(peer), STREAM_ITEMS,
+                                                            STREAM_RUNS)
     async with OPEN[peer](WORKERS, False) as echo:
         for callers in CONCURRENCIES:
             results[f"throughput_{callers}"] = await _harness.throughput(
-                echo, callers, throughput_calls)
+                echo, callers, throughput_calls, cpu=callers == CONCURRENCIES[-1])
     return results
 
 
@@ -272,6 +309,9 @@ ROWS: list[tuple[str, str, str, str, str]] = [
     ("round trip p99", "round_trip", "p99_ms", "ms", "{:.3f}"),
     *[(f"throughput, {c} caller{'s' if c > 1 else ''}", f"throughput_{c}", "calls_per_s",
        "calls/s", "{:,.0f}") for c in CONCURRENCIES],
+    (f"CPU per call, {CONCURRENCIES[-1]} callers", f"throughput_{CONCURRENCIES[-1]}",
+     "cpu_ms_per_call", "ms", "{:.3f}"),
+    ("streaming, per item", "streaming", "median_us_per_item", "µs", "{:.1f}"),
     ("pool start", "pool", "start_s", "s", "{:.3f}"),
     ("pool stop", "pool", "stop_s", "s", "{:.3f}"),
 ]
@@ -290,6 +330,16 @@ def _ratio_columns(runs: dict[str, dict[str, Any]], backend: str) -> list[tuple[
             if peer not in (base, "floor") and base_key in runs:
                 pairs.append((key, base_key))
     return pairs
+
+
+def _figure(run: dict[str, Any], section: str, field: str, *,
+            as_base: bool = False) -> float | None:
+    """A figure of ``run`` (``None``: not measured). As the base of a ratio, a peer that cannot
+    stream stands for its round trip in the streaming row: one pull costs one at least."""
+    value = run["results"].get(section, {}).get(field)
+    if value is None and as_base and section == "streaming":
+        return run["results"]["round_trip"]["median_ms"] * 1e3
+    return value
 
 
 def _print_tables(runs: dict[str, dict[str, Any]], backends: list[str],
@@ -316,11 +366,13 @@ def _print_tables(runs: dict[str, dict[str, Any]], backends: list[str],
                              no_wrap=True)
         ratio_tables.append((table, pairs))
     for label, section, field, unit, fmt in ROWS:
-        value = {k: runs[k]["results"][section][field] for k in keys}
-        figures.add_row(label, unit, *(fmt.format(value[k]) for k in keys))
+        value = {k: _figure(runs[k], section, field) for k in keys}
+        base = {k: _figure(runs[k], section, field, as_base=True) for k in keys}
+        figures.add_row(label, unit, *("-" if value[k] is None else fmt.format(value[k])
+                                       for k in keys))
         for table, pairs in ratio_tables:
-            table.add_row(label, *(f"{value[k] / value[b]:.2f}" if value[b] else "n/a"
-                                   for k, b in pairs))
+            table.add_row(label, *("-" if value[k] is None or not base[b]
+                                   else f"{value[k] / base[b]:.2f}" for k, b in pairs))
     console.print(figures)
     for table, _ in ratio_tables:
         console.print(table)
@@ -366,12 +418,15 @@ def main(argv: list[str] | None = None) -> int:
 
     backends = ["asyncio", "trio"] if args.backend == "both" else [args.backend]
     notes: list[str] = []
-    trio_parallel_error = _harness.wool_status("trio_parallel") if "trio" in backends else None
-    if trio_parallel_error is not None:
-        notes.append(f"trio_parallel not importable: skipped ({trio_parallel_error})")
+    missing: dict[str, str] = {}
+    for peer, module in OPTIONAL.items():
+        if any(b in backends for b in BACKENDS_OF[peer]):
+            error = _harness.wool_status(module)
+            if error is not None:
+                missing[peer] = error
+                notes.append(f"{peer} not importable: skipped ({error})")
     plan = [(peer, backend) for backend in backends for peer in PEERS
-            if backend in BACKENDS_OF[peer]
-            and not (peer == "trio_parallel" and trio_parallel_error is not None)]
+            if backend in BACKENDS_OF[peer] and peer not in missing]
     with _harness.private_runtime("awp-", {"ANYWOOL_RUNTIME_DIR": "."}) as runtime:
         samples, failures = _harness.measure_plan(
             plan, args.repeat,
@@ -398,10 +453,12 @@ def main(argv: list[str] | None = None) -> int:
             "throughput_calls": args.throughput_calls,
             "pool_runs": POOL_RUNS,
             "repeat": args.repeat,
-            "trio_parallel": trio_parallel_error or "measured",
+            "trio_parallel": missing.get("trio_parallel", "measured"),
+            "stream_items": STREAM_ITEMS,
+            "stream_runs": STREAM_RUNS,
             "notes": notes,
         }
-        _harness.write_json(args.json, settings, runs, failures, "not measured by peers.py")
+        _harness.write_json(args.json, settings, runs, failures, missing.get("wool"))
     return _harness.exit_status(failures)
 
 

@@ -71,28 +71,7 @@ def _framework(name: str) -> tuple[Callable[[], AbstractAsyncContextManager[Any]
 
 
 async def _streaming(stream: Callable[[int], Any]) -> dict[str, Any]:
-    async def consume() -> int:
-        count = 0
-        async for _ in stream(STREAM_ITEMS):
-            count += 1
-        return count
-
-    await consume()  # warm-up
-    per_item_us: list[float] = []
-    for _ in range(STREAM_RUNS):
-        start = time.perf_counter_ns()
-        count = await consume()
-        elapsed = time.perf_counter_ns() - start
-        if count != STREAM_ITEMS:
-            raise RuntimeError(f"stream yielded {count} items, expected {STREAM_ITEMS}")
-        per_item_us.append(elapsed / 1e3 / count)
-    return {
-        "items": STREAM_ITEMS,
-        "runs": STREAM_RUNS,
-        "median_us_per_item": statistics.median(per_item_us),
-        "min_us_per_item": min(per_item_us),
-        "max_us_per_item": max(per_item_us),
-    }
+    return await _harness.streaming(stream, STREAM_ITEMS, STREAM_RUNS)
 
 
 async def _pool_cycle(pool_factory: Callable[[], Any], echo: Callable[[int], Awaitable[Any]]) -> dict[str, Any]:

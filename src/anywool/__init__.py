@@ -1,51 +1,56 @@
 """anywool: run async routines on worker processes found through discovery, on asyncio or trio."""
 
-from anywool.discovery import (
-    Discovery,
-    DiscoveryEvent,
-    DiscoveryEventType,
-    DiscoveryLike,
-    DiscoveryPublisherLike,
-    DiscoverySubscriberLike,
-    LanDiscovery,
-    LocalDiscovery,
-    PredicateFunction,
-    afilter,
-)
-from anywool.errors import (
-    AuthenticationError,
-    DiscoveryBlockExhausted,
-    DiscoveryCapacityExhausted,
-    DiscoveryError,
-    DiscoveryNamespaceInUse,
-    DiscoveryNamespaceNotFound,
-    DiscoveryRegistryCorrupt,
-    DiscoveryWorkerNotFound,
-    LoopbackAdvertisementWarning,
-    NoWorkersAvailable,
-    PayloadTooLarge,
-    RoutineAborted,
-    RoutineCancelled,
-    SerializationError,
-    WoolError,
-    WorkerError,
-)
-from anywool.metadata import WorkerMetadata
-from anywool.runtime import (
-    ContextVar,
-    Factory,
-    LoadBalancerLike,
-    LocalWorker,
-    MutualTLS,
-    RoundRobinLoadBalancer,
-    RoutineTask,
-    SerializationWarning,
-    WorkerPool,
-    WorkerProxy,
-    current_task,
-    resolved,
-    routine,
-)
+from typing import TYPE_CHECKING
+
+from anywool._lazy import exports
+
+if TYPE_CHECKING:
+    from anywool.discovery import (
+        Discovery,
+        DiscoveryEvent,
+        DiscoveryEventType,
+        DiscoveryLike,
+        DiscoveryPublisherLike,
+        DiscoverySubscriberLike,
+        LanDiscovery,
+        LocalDiscovery,
+        PredicateFunction,
+        afilter,
+    )
+    from anywool.errors import (
+        AuthenticationError,
+        DiscoveryBlockExhausted,
+        DiscoveryCapacityExhausted,
+        DiscoveryError,
+        DiscoveryNamespaceInUse,
+        DiscoveryNamespaceNotFound,
+        DiscoveryRegistryCorrupt,
+        DiscoveryWorkerNotFound,
+        LoopbackAdvertisementWarning,
+        NoWorkersAvailable,
+        PayloadTooLarge,
+        RoutineAborted,
+        RoutineCancelled,
+        SerializationError,
+        WoolError,
+        WorkerError,
+    )
+    from anywool.metadata import WorkerMetadata
+    from anywool.runtime import (
+        ContextVar,
+        Factory,
+        LoadBalancerLike,
+        LocalWorker,
+        MutualTLS,
+        RoundRobinLoadBalancer,
+        RoutineTask,
+        SerializationWarning,
+        WorkerPool,
+        WorkerProxy,
+        current_task,
+        resolved,
+        routine,
+    )
 
 __version__ = "0.1.0"
 
@@ -91,3 +96,47 @@ __all__ = [
     "resolved",
     "routine",
 ]
+
+_WHERE = {
+    "AuthenticationError": "anywool.errors",
+    "ContextVar": "anywool.runtime",
+    "Discovery": "anywool.discovery",
+    "DiscoveryBlockExhausted": "anywool.errors",
+    "DiscoveryCapacityExhausted": "anywool.errors",
+    "DiscoveryError": "anywool.errors",
+    "DiscoveryEvent": "anywool.discovery",
+    "DiscoveryEventType": "anywool.discovery",
+    "DiscoveryLike": "anywool.discovery",
+    "DiscoveryNamespaceInUse": "anywool.errors",
+    "DiscoveryNamespaceNotFound": "anywool.errors",
+    "DiscoveryPublisherLike": "anywool.discovery",
+    "DiscoveryRegistryCorrupt": "anywool.errors",
+    "DiscoverySubscriberLike": "anywool.discovery",
+    "DiscoveryWorkerNotFound": "anywool.errors",
+    "Factory": "anywool.runtime",
+    "LanDiscovery": "anywool.discovery",
+    "LoadBalancerLike": "anywool.runtime",
+    "LocalDiscovery": "anywool.discovery",
+    "LocalWorker": "anywool.runtime",
+    "LoopbackAdvertisementWarning": "anywool.errors",
+    "MutualTLS": "anywool.runtime",
+    "NoWorkersAvailable": "anywool.errors",
+    "PayloadTooLarge": "anywool.errors",
+    "PredicateFunction": "anywool.discovery",
+    "RoundRobinLoadBalancer": "anywool.runtime",
+    "RoutineAborted": "anywool.errors",
+    "RoutineCancelled": "anywool.errors",
+    "RoutineTask": "anywool.runtime",
+    "SerializationError": "anywool.errors",
+    "SerializationWarning": "anywool.runtime",
+    "WoolError": "anywool.errors",
+    "WorkerError": "anywool.errors",
+    "WorkerMetadata": "anywool.metadata",
+    "WorkerPool": "anywool.runtime",
+    "WorkerProxy": "anywool.runtime",
+    "afilter": "anywool.discovery",
+    "current_task": "anywool.runtime",
+    "resolved": "anywool.runtime",
+    "routine": "anywool.runtime",
+}
+__getattr__, __dir__ = exports(__name__, _WHERE)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ipaddress
 
-import ifaddr
 
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 
@@ -46,6 +45,8 @@ def routable_host(wildcard: str = "0.0.0.0") -> str:
     ``"::"``: IPv6 first), or the loopback address of that family when there is none."""
     v4: list[str] = []
     v6: list[str] = []
+    import ifaddr  # here: only a wildcard host needs it (a few ms of a worker's start)
+
     for adapter in ifaddr.get_adapters():
         if not _is_up(adapter.name):
             continue

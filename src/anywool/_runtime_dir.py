@@ -11,7 +11,6 @@ import functools
 import os
 import re
 import stat
-import tempfile
 from pathlib import Path
 
 ENV_VAR = "ANYWOOL_RUNTIME_DIR"
@@ -79,7 +78,12 @@ def _path_for(configured: str | None, uid: int) -> Path:
         if not path.is_absolute():
             raise ValueError(f"{ENV_VAR} must be an absolute path, got {configured!r}")
         return path
-    base = Path("/dev/shm") if os.path.isdir("/dev/shm") else Path(tempfile.gettempdir())
+    if os.path.isdir("/dev/shm"):
+        base = Path("/dev/shm")
+    else:
+        import tempfile  # here: only without /dev/shm
+
+        base = Path(tempfile.gettempdir())
     return base / f"anywool-{uid}"
 
 

@@ -1,14 +1,19 @@
 """The worker runtime: routines, the wire protocol, workers, proxies and pools."""
 
-from anywool.runtime._auth import MutualTLS
-from anywool.runtime._context import ContextVar
-from anywool.runtime._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
-from anywool.runtime._local_worker import LocalWorker
-from anywool.runtime._pool import WorkerPool
-from anywool.runtime._proxy import WorkerProxy
-from anywool.runtime._resolve import Factory, resolved
-from anywool.runtime._routine import RoutineTask, current_task, routine
-from anywool.runtime._serializer import SerializationWarning
+from typing import TYPE_CHECKING
+
+from anywool._lazy import exports
+
+if TYPE_CHECKING:
+    from anywool.runtime._auth import MutualTLS
+    from anywool.runtime._context import ContextVar
+    from anywool.runtime._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
+    from anywool.runtime._local_worker import LocalWorker
+    from anywool.runtime._pool import WorkerPool
+    from anywool.runtime._proxy import WorkerProxy
+    from anywool.runtime._resolve import Factory, resolved
+    from anywool.runtime._routine import RoutineTask, current_task, routine
+    from anywool.runtime._serializer import SerializationWarning
 
 __all__ = [
     "ContextVar",
@@ -25,3 +30,20 @@ __all__ = [
     "resolved",
     "routine",
 ]
+
+_WHERE = {
+    "ContextVar": "anywool.runtime._context",
+    "Factory": "anywool.runtime._resolve",
+    "LoadBalancerLike": "anywool.runtime._loadbalancer",
+    "LocalWorker": "anywool.runtime._local_worker",
+    "MutualTLS": "anywool.runtime._auth",
+    "RoundRobinLoadBalancer": "anywool.runtime._loadbalancer",
+    "RoutineTask": "anywool.runtime._routine",
+    "SerializationWarning": "anywool.runtime._serializer",
+    "WorkerPool": "anywool.runtime._pool",
+    "WorkerProxy": "anywool.runtime._proxy",
+    "current_task": "anywool.runtime._routine",
+    "resolved": "anywool.runtime._resolve",
+    "routine": "anywool.runtime._routine",
+}
+__getattr__, __dir__ = exports(__name__, _WHERE)

@@ -22,12 +22,19 @@ from types import TracebackType
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 from anyio.abc import ByteStream, TaskGroup
 
 from anywool._address import Address
 from anywool._owner import SingleUse, exit_task_group
 from anywool import _secret
-from anywool.errors import AuthenticationError, PayloadTooLarge, SerializationError, WorkerError
+from anywool.errors import (
+    AuthenticationError,
+    PayloadTooLarge,
+    RoutineCancelled,
+    SerializationError,
+    WorkerError,
+)
 from anywool.runtime import _auth, _context, _socket
 from anywool.runtime import _envelope as envelope
 from anywool.runtime import _serializer as serializer
@@ -49,6 +56,9 @@ log = logging.getLogger(__name__)
 _TERMINAL = frozenset({Kind.RETURN, Kind.END, Kind.EXCEPTION, Kind.NACK})
 # Seconds a closing connection waits for the worker's end-of-stream, then for the close itself.
 _CLOSE_TIMEOUT = 1.0
+# How close (seconds) the caller's deadline must be for a routine the worker cancelled to count
+# as cancelled by that deadline (see _own_deadline).
+_DEADLINE_SLACK = 0.1
 
 
 class CallNotDelivered(WorkerError):
@@ -246,25 +256,33 @@ class WorkerConnection(SingleUse):
         self._fail(reason)
 
     async def _read_frames(self) -> None:
-        assert self._frames is not None
+        frames = self._frames
+        assert frames is not None
+        # Under asyncio, frames that arrive while this task waits are routed by the event loop
+        # itself (no wake-up of this task between the worker's reply and its caller).
+        frames.deliver_while_waiting(self._route)
         while True:
-            frame = await self._frames.receive()
-            # The busy flag follows the frames in their order: a ROOM right behind a NACK must
-            # clear what the NACK set, even before the refused call reads its NACK.
-            if frame.kind == Kind.ROOM:
-                self._room()
-                continue
-            if frame.kind == Kind.NACK and frame.payload == envelope.BUSY:
-                self._busy = True
-            call = self._calls.get(frame.call_id)
-            if call is None:
-                continue  # a call that already gave up (e.g. cancelled): drop its late frames
-            if frame.kind == Kind.ACK:
-                call.accepted = True
-                self._accepted()
-                if call.quiet_ack:
-                    continue
-            call.deliver(frame)
+            self._route(await frames.receive())
+
+    def _route(self, frame: Frame) -> None:
+        """Hand a frame to its call (synchronous: from the reader task, or from the event loop
+        while the reader waits)."""
+        # The busy flag follows the frames in their order: a ROOM right behind a NACK must
+        # clear what the NACK set, even before the refused call reads its NACK.
+        if frame.kind == Kind.ROOM:
+            self._room()
+            return
+        if frame.kind == Kind.NACK and frame.payload == envelope.BUSY:
+            self._busy = True
+        call = self._calls.get(frame.call_id)
+        if call is None:
+            return  # a call that already gave up (e.g. cancelled): drop its late frames
+        if frame.kind == Kind.ACK:
+            call.accepted = True
+            self._accepted()
+            if call.quiet_ack:
+                return
+        call.deliver(frame)
 
     def _accepted(self) -> None:
         if self._on_accepted is not None:
@@ -398,7 +416,10 @@ class WorkerConnection(SingleUse):
             call.finished = True
             if frame.kind == Kind.RETURN:
                 return call.value(frame)
-            raise call.remote_exception(frame)
+            error = call.remote_exception(frame)
+            if isinstance(error, RoutineCancelled):
+                await _own_deadline()
+            raise error
         finally:
             await call.release()
 
@@ -589,7 +610,10 @@ class _Call:
         if frame.kind == Kind.END:
             self.end(frame)
             return True, None
-        raise self.remote_exception(frame)
+        error = self.remote_exception(frame)
+        if isinstance(error, RoutineCancelled):
+            await _own_deadline()
+        raise error
 
 
 async def drive_stream(
@@ -651,6 +675,17 @@ def _seconds_left() -> float | None:
     if deadline == math.inf:
         return None
     return max(0.0, deadline - anyio.current_time())
+
+
+async def _own_deadline() -> None:
+    """The routine was cancelled on the worker: if the caller's own deadline (which the call
+    carried, and the worker enforces too) is due, let it cancel the caller as it would a local
+    await, rather than raise :class:`RoutineCancelled`. The worker may act on it first: its
+    clock started later, but its timer, reply and our wake-up race with ours."""
+    deadline = anyio.current_effective_deadline()
+    if deadline - anyio.current_time() <= _DEADLINE_SLACK:
+        await anyio.sleep_until(deadline)
+        await anyio.lowlevel.checkpoint()
 
 
 def _dump_context(routine: str) -> bytes | None:

@@ -20,7 +20,7 @@ import logging
 import os
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -28,8 +28,10 @@ from anyio.abc import TaskGroup, TaskStatus
 from anywool import _validate
 from anywool.runtime import _serializer as serializer
 from anywool.runtime._envelope import Origin
-from anywool.runtime._proxy import WorkerProxy
 from anywool.runtime._routine import RoutineDispatcher
+
+if TYPE_CHECKING:  # imported at the first nested call: most workers never make one
+    from anywool.runtime._proxy import WorkerProxy
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +175,8 @@ class _Host:
 
     async def _host(self, name: str, *, task_status: TaskStatus[None]) -> None:
         """The task that owns the proxy: enters it, exits it once it has been idle."""
+        from anywool.runtime._proxy import WorkerProxy
+
         owner = self._owner
         proxy = serializer.loads_value(self._origin[1], name, "the proxy of the pool it was "
                                        "called from", f" on worker {owner._where}")

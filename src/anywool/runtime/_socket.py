@@ -18,11 +18,10 @@ Here: connecting (:func:`connect`), accepting (:func:`accept`), the stream. No f
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import socket
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
@@ -30,6 +29,9 @@ import sniffio
 from anyio.abc import ByteStream, SocketAttribute
 
 from anywool._address import Address
+
+if TYPE_CHECKING:  # asyncio is imported under asyncio only: a trio worker never needs it
+    import asyncio
 
 #: The most bytes one receive asks the socket for.
 RECEIVE_SIZE = 65536
@@ -55,6 +57,10 @@ class SocketStream(ByteStream):
         # wait_readable (trio, or not known yet).
         self._readable: _AsyncioReadable | None = None
         self._backend_known = False
+        #: Under asyncio, called from the event loop when the socket turns readable while a
+        #: task waits in :meth:`wait_readable`: ``True`` means it read what it needed and the
+        #: task goes on waiting (see FrameStream.deliver_while_waiting). Unused under trio.
+        self.on_readable: Callable[[], bool] | None = None
 
     @property
     def closed(self) -> bool:
@@ -108,7 +114,10 @@ class SocketStream(ByteStream):
         if not self._backend_known:
             self._backend_known = True
             if sniffio.current_async_library() == "asyncio":
-                self._readable = _AsyncioReadable(asyncio.get_running_loop(), self._sock.fileno())
+                import asyncio
+
+                self._readable = _AsyncioReadable(asyncio.get_running_loop(),
+                                                  self._sock.fileno(), self)
         if self._readable is not None:
             await self._readable.wait()
         else:
@@ -197,20 +206,26 @@ class _AsyncioReadable:
     waiting, rather than run at every loop iteration until somebody reads.
     """
 
-    __slots__ = ("_loop", "_fd", "_waiter", "_registered")
+    __slots__ = ("_loop", "_fd", "_stream", "_waiter", "_registered")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, stream: SocketStream) -> None:
         self._loop = loop
         self._fd = fd
+        self._stream = stream
         self._waiter: asyncio.Future[None] | None = None
         self._registered = False
 
     def _ready(self) -> None:
-        waiter, self._waiter = self._waiter, None
+        waiter = self._waiter
         if waiter is None:
             self._loop.remove_reader(self._fd)
             self._registered = False
-        elif not waiter.done():
+            return
+        handler = self._stream.on_readable
+        if handler is not None and handler():
+            return  # the handler read for the waiting task, which goes on waiting
+        self._waiter = None
+        if not waiter.done():
             waiter.set_result(None)
 
     async def wait(self) -> None:
@@ -249,8 +264,10 @@ async def connect(address: Address) -> SocketStream:
 
     :raises OSError: the connection failed (the last address's error, for several).
     :raises ValueError: the host cannot be encoded (IDNA).
-    Cancellation: cancellable; nothing is left open.
+    Cancellation: cancellable; nothing is left open. Always a checkpoint, as trio's functions
+    are, also when a Unix socket connects at once: other tasks run first.
     """
+    await anyio.lowlevel.checkpoint()
     if address.path is not None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:

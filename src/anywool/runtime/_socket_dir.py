@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-import secrets
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from anywool._runtime_dir import runtime_dir
@@ -41,10 +38,12 @@ def choose() -> Path:
 
     :raises OSError: no short enough location exists (a path is never truncated).
     """
-    name = f"{PREFIX}{secrets.token_hex(8)}"
+    name = f"{PREFIX}{os.urandom(8).hex()}"
     directory = runtime_dir() / name
     if _fits(directory):
         return directory
+    import tempfile  # here: a worker's start-up imports this module
+
     directory = Path(tempfile.gettempdir()) / f"aw-{name}"
     if _fits(directory):
         return directory
@@ -67,7 +66,7 @@ class Home:
                                | os.O_CLOEXEC)
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BaseException:
-            shutil.rmtree(directory, ignore_errors=True)
+            _rmtree(directory)
             raise
         self.directory = directory
         self.socket = directory / SOCKET
@@ -82,4 +81,10 @@ class Home:
 
 def remove(directory: Path) -> None:
     """Remove a worker's directory and what is in it, if it is still there."""
+    _rmtree(directory)
+
+
+def _rmtree(directory: Path) -> None:
+    import shutil  # here: a worker's start-up imports this module, and rarely removes a tree
+
     shutil.rmtree(directory, ignore_errors=True)

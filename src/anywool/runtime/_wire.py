@@ -29,6 +29,7 @@ from __future__ import annotations
 import enum
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
@@ -170,6 +171,10 @@ class FrameStream:
         self._buffer = bytearray()
         self._ended = False
         self._streak = 0
+        # Set by _drain (the readiness callback) for the receiver waiting in _fill: it read.
+        self._drained = False
+        self._drain_error: Exception | None = None
+        self._handler: Callable[[Frame], None] | None = None
         self._max = max_frame_size
         self._send_lock = anyio.Lock(fast_acquire=True)
         self.send_timeout = 30.0
@@ -320,6 +325,48 @@ class FrameStream:
         del buffer[:end]
         return Frame(known, call_id, payload)
 
+    def deliver_while_waiting(self, handler: Callable[[Frame], None]) -> None:
+        """Let the event loop hand frames to ``handler`` itself while the receiver waits.
+
+        Under asyncio over a :class:`~anywool.runtime._socket.SocketStream`, the frames that
+        arrive while the one receiving task waits for bytes go straight to ``handler`` from
+        the loop's readiness callback, in order, saving that task a wake-up per batch; the
+        task itself still gets (from :meth:`receive`) every frame that was not handed over, the
+        end of the stream, and every error. ``handler`` must not block or raise; it runs
+        outside any task. Elsewhere (trio, TLS) this does nothing: the receiver gets every
+        frame.
+        """
+        if self._raw_receive is not None:
+            self._handler = handler
+            self._raw_receive.on_readable = self._drain
+
+    def _drain(self) -> bool:
+        """The readiness callback: read once, hand over the whole frames; ``False`` wakes the
+        receiver (the stream ended, failed, or a frame is malformed: it finds out itself)."""
+        raw, handler = self._raw_receive, self._handler
+        assert raw is not None and handler is not None
+        try:
+            data = raw.try_receive(self._wanted())
+        except Exception as exc:  # broken or closed: the receiver raises it
+            self._drain_error, self._drained = exc, True
+            return False
+        if data is None:
+            return True  # nothing after all
+        self._drained = True
+        if not data:
+            self._ended = True
+            return False
+        self._buffer += data
+        try:
+            while (frame := self._next()) is not None:
+                handler(frame)
+        except FrameError:
+            return False  # left in the buffer: the receiver's _next raises it again
+        except Exception as exc:
+            self._drain_error = exc
+            return False
+        return True
+
     def _wanted(self) -> int:
         """How many bytes to ask for: what the frame being read still lacks, within bounds."""
         buffer = self._buffer
@@ -335,6 +382,12 @@ class FrameStream:
             while data is None:
                 self._streak = 0
                 await raw.wait_readable()
+                if self._drained:  # the readiness callback read (see deliver_while_waiting)
+                    self._drained = False
+                    error, self._drain_error = self._drain_error, None
+                    if error is not None:
+                        raise error
+                    return
                 data = raw.try_receive(self._wanted())
         else:
             self._streak = 0

@@ -53,7 +53,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 from anyio.abc import ByteStream, Listener, SocketAttribute, SocketListener, TaskGroup
@@ -63,9 +63,12 @@ from anywool import _interfaces, _secret
 from anywool._address import Address
 from anywool._errno import exhausted
 from anywool.errors import AuthenticationError
-from anywool.runtime import _auth, _lifeline, _socket, _socket_dir
+from anywool.runtime import _lifeline, _socket, _socket_dir
 from anywool.runtime._nested import NestedProxies, idle_timeout_from_environment
 from anywool.runtime._server import LINGER, REPLY_TIMEOUT, Server
+
+if TYPE_CHECKING:  # imported when needed: authentication only when there are credentials
+    from anywool.runtime import _auth
 
 log = logging.getLogger("anywool.worker")
 
@@ -164,6 +167,8 @@ class _Gatekeeper:
 
     def wrap(self, handler: Callable[[ByteStream], Coroutine[Any, Any, None]]
              ) -> Callable[[ByteStream], Coroutine[Any, Any, None]]:
+        from anywool.runtime import _auth
+
         async def handle(stream: ByteStream) -> None:
             try:
                 stream = await _auth.authenticate_server(stream, self.credentials,
@@ -361,6 +366,19 @@ def _credentials(parser: argparse.ArgumentParser,
     """The worker's credentials, also made its process's own (for the proxies its routines'
     nested calls go through); exits with a usage error when they are invalid, or missing for a
     TCP address."""
+    address = options.address
+    if not (options.tls_cert or options.tls_key or options.tls_ca):
+        # The usual Unix worker of a pool without a secret: no credentials, and none of the
+        # authentication machinery imported (a few ms of every worker's start).
+        try:
+            if _secret.resolve(None, "secret") is None:
+                if address is not None and not address.is_unix:
+                    parser.error(_no_credentials(address))
+                return None
+        except (TypeError, ValueError) as exc:
+            parser.error(str(exc))
+    from anywool.runtime import _auth
+
     tls = None
     if options.tls_cert or options.tls_key or options.tls_ca:
         if not (options.tls_cert and options.tls_ca):
@@ -374,14 +392,17 @@ def _credentials(parser: argparse.ArgumentParser,
         credentials = _auth.Credentials.resolve(None, tls)
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
-    address = options.address
     if address is not None and not address.is_unix and credentials is None:
-        parser.error(f"refusing to listen on {str(address)!r} without credentials: a TCP peer "
-                     f"can send code, so it must authenticate; set ${_secret.ENV} (at least "
-                     f"{_secret.MIN_LENGTH} bytes) or pass --tls-cert and --tls-ca")
+        parser.error(_no_credentials(address))
     if tls is not None:
         _auth.set_process_tls(tls)
     return credentials
+
+
+def _no_credentials(address: Address) -> str:
+    return (f"refusing to listen on {str(address)!r} without credentials: a TCP peer can send "
+            f"code, so it must authenticate; set ${_secret.ENV} (at least "
+            f"{_secret.MIN_LENGTH} bytes) or pass --tls-cert and --tls-ca")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,33 @@
+"""Package attributes imported on first use (PEP 562), so that importing a package costs only
+what is used of it.
+
+A worker process runs ``python -m anywool.worker``, which imports the ``anywool`` package first:
+with every public name imported eagerly that was the whole library (LAN discovery and zeroconf
+included), about 120 ms of each worker's start-up. Each package's ``__init__`` names its public
+attributes and their modules here instead, and imports them for type checkers only.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+def exports(package: str, where: Mapping[str, str]
+            ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``(__getattr__, __dir__)`` for ``package``, whose public name ``n`` lives in the module
+    ``where[n]``; a name, once imported, is set on the package (later lookups are plain)."""
+
+    def __getattr__(name: str) -> Any:
+        module = where.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        setattr(importlib.import_module(package), name, value)
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(where) | set(vars(importlib.import_module(package))))
+
+    return __getattr__, __dir__
