@@ -109,3 +109,53 @@ def test_exception_groups_keep_their_leaves_nesting_notes_and_chain():
     assert copy.__notes__ == ["noted"]
     assert isinstance(copy.__cause__, OSError) and str(copy.__cause__) == "the cause"
     assert copy.__traceback__ is not None
+
+
+def test_what_refers_to_importable_modules_only_is_pickled_by_the_standard_pickler() -> None:
+    import pickle
+
+    value = (dumps, (1, "two", b"three"), {"four": [4.0]})
+    assert dumps(value) == pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def test_what_the_standard_pickler_cannot_do_goes_to_cloudpickle() -> None:
+    def local(x: int) -> int:
+        return x + 1
+
+    assert loads(dumps(lambda x: x * 2))(21) == 42
+    assert loads(dumps(local))(41) == 42
+
+
+def test_a_value_referring_to_main_travels_by_value() -> None:
+    # In a fresh interpreter, a function of __main__ pickles by value (cloudpickle), so that a
+    # process without that __main__ can load it, as a worker must.
+    import subprocess
+    import sys
+
+    code = (
+        "import pickle, sys\n"
+        "from anywool.runtime import _serializer\n"
+        "def triple(x):\n"
+        "    return 3 * x\n"
+        "data = _serializer.dumps((triple, 14))\n"
+        "sys.stdout.buffer.write(data)\n"
+    )
+    data = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60,
+                          check=True).stdout
+    fn, arg = loads(data)
+    assert fn(arg) == 42
+
+
+def test_a_module_registered_by_value_goes_to_cloudpickle() -> None:
+    import pickle
+
+    import cloudpickle
+
+    from tests.integration import routines
+
+    cloudpickle.register_pickle_by_value(routines)
+    try:
+        data = dumps(routines.whoami)
+    finally:
+        cloudpickle.unregister_pickle_by_value(routines)
+    assert data != pickle.dumps(routines.whoami, protocol=pickle.HIGHEST_PROTOCOL)
