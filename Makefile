@@ -24,11 +24,14 @@ $(VENV)/.bench-installed: pyproject.toml $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	touch $@
 
-# Every figure also goes to $(BENCH_JSON)/<script>.json.
+# Every figure also goes to $(BENCH_JSON)/<script>.json. The sources are compiled to bytecode
+# first, as an installed wheel's are: else, where PYTHONDONTWRITEBYTECODE is set, every worker
+# compiles anywool at start-up.
 BENCH_JSON ?= .bench
 
 bench: $(VENV)/.bench-installed
 	mkdir -p $(BENCH_JSON)
+	$(BIN)/python -m compileall -q src benchmarks
 	$(BIN)/python benchmarks/peers.py --json $(BENCH_JSON)/peers.json $(ARGS)
 	$(BIN)/python benchmarks/run.py --json $(BENCH_JSON)/run.json $(ARGS)
 	$(BIN)/python benchmarks/discovery.py --json $(BENCH_JSON)/discovery.json $(ARGS)

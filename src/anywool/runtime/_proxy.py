@@ -48,8 +48,8 @@ _REJECTED_BACKOFF_MAX = 30.0
 # At exit, how long calls still running after the drain get to acknowledge their cancellation.
 _CANCEL_AT_EXIT = 1.0
 # Once the quorum is met, how long at most the first dispatch also waits for the first
-# connections to the other admitted workers (seconds): so that the first calls spread over the
-# pool, rather than all go to the worker that happened to connect first.
+# connections to the other admitted workers, and to the pool's own (seconds): so that the first
+# calls spread over the pool, rather than all go to the worker that happened to connect first.
 _SETTLE = 0.25
 
 T = TypeVar("T")
@@ -504,8 +504,11 @@ class WorkerProxy(SingleUse):
         connected = len(self._ready)
         if connected >= need:
             if not self._quorum_met:
+                # Also for the pool's own workers not yet admitted: the subscriber may still
+                # be delivering its snapshot, one event at a time.
                 with anyio.move_on_after(_SETTLE):
-                    while self._connecting and self._active and self._failure is None:
+                    while (self._connecting or not self._own <= self._ready.keys()) \
+                            and self._active and self._failure is None:
                         await self._changed.wait()
             self._quorum_met = True
             return

@@ -27,12 +27,13 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
-from anyio.abc import ByteStream, TaskGroup, TaskStatus
+from anyio.abc import ByteStream, TaskStatus
 
 from anywool.errors import PayloadTooLarge, RoutineAborted, RoutineCancelled, SerializationError
 from anywool.runtime import _context
 from anywool.runtime import _envelope as envelope
 from anywool.runtime import _serializer as serializer
+from anywool.runtime._callgroup import CallGroup, call_scope, open_call_group
 from anywool.runtime._nested import NestedProxies
 from anywool.runtime._peer import PEER_GONE, PEER_HUNG_UP
 from anywool.runtime._routine import RoutineTask, routine_body, set_active, set_running
@@ -114,7 +115,7 @@ class _ServerCall:
 
     def __init__(self, call_id: int) -> None:
         self.id = call_id
-        self.scope = anyio.CancelScope()
+        self.scope = call_scope()
         self.name = "<routine>"
         self.streaming: bool | None = None  # known once the routine is loaded
         self.protocol_error: str | None = None
@@ -164,7 +165,7 @@ class Server:
         # Connections refused a call as busy since they last heard of room, each with its task
         # group: each gets a ROOM frame when a call ends below the bound (its proxy then lets
         # one waiting call try), and is forgotten until refused again.
-        self._waiting_for_room: dict[FrameStream, TaskGroup] = {}
+        self._waiting_for_room: dict[FrameStream, CallGroup] = {}
         self._on = f" on worker {address}"
 
     # -- connections ---------------------------------------------------------------------------
@@ -215,7 +216,7 @@ class Server:
     async def _handle(self, stream: ByteStream, frames: FrameStream) -> None:
         calls: dict[int, _ServerCall] = {}
         origins = envelope.Origins()
-        async with stream, anyio.create_task_group() as tg:
+        async with stream, open_call_group() as tg:
             try:
                 while True:
                     frame = await frames.receive()
@@ -231,7 +232,7 @@ class Server:
 
     def _route(
         self, frame: Frame, frames: FrameStream, calls: dict[int, _ServerCall],
-        origins: envelope.Origins, tg: TaskGroup
+        origins: envelope.Origins, tg: CallGroup
     ) -> None:
         if frame.kind == Kind.CALL:
             # Decoded here, in the order the calls came, refused or not: a call's origin
@@ -270,7 +271,7 @@ class Server:
     def _has_room(self) -> bool:
         return self.max_concurrency is None or self.stop.in_flight < self.max_concurrency
 
-    async def _refuse_busy(self, frames: FrameStream, call_id: int, tg: TaskGroup) -> None:
+    async def _refuse_busy(self, frames: FrameStream, call_id: int, tg: CallGroup) -> None:
         # The ROOM that answers this refusal must follow it on the stream: a client that read
         # ROOM first would then wait for one that never comes.
         try:

@@ -1,0 +1,102 @@
+"""The task group and cancel scopes a worker runs one connection's calls in (both backends)."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from anywool.runtime._callgroup import call_scope, open_call_group
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_exiting_waits_for_every_task() -> None:
+    done: list[int] = []
+
+    async def work(i: int) -> None:
+        await anyio.sleep(0.01 * i)
+        done.append(i)
+
+    with anyio.fail_after(5):
+        async with open_call_group() as group:
+            for i in range(5):
+                group.start_soon(work, i)
+    assert sorted(done) == [0, 1, 2, 3, 4]
+
+
+async def test_cancelling_the_group_cancels_its_tasks_and_their_shields_hold() -> None:
+    events: list[str] = []
+
+    async def call() -> None:
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(0.01)  # a reply written while cancelled, as the server does
+                events.append("replied")
+            raise
+
+    with anyio.fail_after(5):
+        async with open_call_group() as group:
+            group.start_soon(call)
+            group.start_soon(call)
+            await anyio.wait_all_tasks_blocked()
+            group.cancel_scope.cancel()
+            group.start_soon(call)  # started after the cancel: cancelled too
+    assert events == ["replied"] * 3
+
+
+async def test_a_task_that_raises_cancels_the_others_and_the_error_comes_out() -> None:
+    cancelled: list[bool] = []
+
+    async def waits() -> None:
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            cancelled.append(True)
+            raise
+
+    async def fails() -> None:
+        await anyio.wait_all_tasks_blocked()
+        raise LookupError("boom")
+
+    with anyio.fail_after(5), pytest.raises(BaseExceptionGroup) as caught:
+        async with open_call_group() as group:
+            group.start_soon(waits)
+            group.start_soon(fails)
+    assert caught.group_contains(LookupError, match="boom")
+    assert cancelled == [True]
+
+
+async def test_the_hosts_cancellation_reaches_the_tasks_and_exit_still_waits() -> None:
+    ended: list[str] = []
+
+    async def call() -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(0.01)
+            ended.append("unwound")
+
+    with anyio.fail_after(5):
+        with anyio.move_on_after(0.05) as scope:
+            async with open_call_group() as group:
+                group.start_soon(call)
+                await anyio.sleep_forever()
+    assert scope.cancelled_caught
+    assert ended == ["unwound"]
+
+
+async def test_a_call_scope_cancels_and_keeps_a_deadline() -> None:
+    with anyio.fail_after(5):
+        scope = call_scope()
+        scope.deadline = anyio.current_time() + 0.01
+        with scope:
+            await anyio.sleep_forever()
+        assert scope.cancelled_caught
+        scope = call_scope()
+        scope.cancel()
+        with scope:
+            await anyio.sleep_forever()
+        assert scope.cancelled_caught and scope.cancel_called
