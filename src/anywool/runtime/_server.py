@@ -217,6 +217,11 @@ class Server:
         calls: dict[int, _ServerCall] = {}
         origins = envelope.Origins()
         async with stream, open_call_group() as tg:
+            # Under asyncio the event loop routes the frames that arrive while this task
+            # waits (a call's task is started from there: _callgroup's tasks need no parent
+            # task), saving this task a wake-up per frame.
+            frames.deliver_while_waiting(
+                lambda frame: self._route(frame, frames, calls, origins, tg))
             try:
                 while True:
                     frame = await frames.receive()
