@@ -1,10 +1,11 @@
 """The client side of one worker connection: many concurrent calls over one stream.
 
 :class:`WorkerConnection` is an owner: entering it connects and starts its reader task in its own
-task group; the reader demultiplexes frames by call id into one memory object stream per call.
-Callers never touch the task group: a call sends frames (under the frame stream's send lock) and
-reads its own memory stream, so any task may call, and the async generator returned for a
-streaming routine never yields inside a cancel scope (house rule 3).
+task group; the reader demultiplexes frames by call id to the calls (:class:`_Call`: a queue and
+an event each; under asyncio the event loop routes them itself while the reader waits, see
+``FrameStream.deliver_while_waiting``). Callers never touch the task group: a call sends frames
+(under the frame stream's send lock) and waits for its own, so any task may call, and the async
+generator returned for a streaming routine never yields inside a cancel scope (house rule 3).
 
 What this module must never do: retry a call the worker may have started (only undelivered calls
 are reported as :class:`CallNotDelivered`, which a load balancer may retry elsewhere).
@@ -626,8 +627,8 @@ async def drive_stream(
 
     ``asend(v)`` sends ``v`` to the remote generator; ``athrow(exc)`` throws ``exc`` into it;
     ``aclose()`` closes it (its ``finally`` blocks run on the worker before ``aclose`` returns).
-    Yields happen outside any cancel scope: the frames come from the connection's reader task
-    through this call's memory object stream. ``busy`` is entered around every step that awaits
+    Yields happen outside any cancel scope: the frames come from the connection's reader, queued
+    for this call. ``busy`` is entered around every step that awaits
     the worker (not while the generator is suspended at a yield), so an owner can drain them.
     """
     with busy:

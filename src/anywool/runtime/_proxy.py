@@ -5,7 +5,7 @@ subscriber) and one task per admitted worker, which connects to that worker and 
 :class:`~anywool.lowlevel.WorkerConnection` open until the worker is dropped or the
 proxy exits, reconnecting with backoff when the connection is lost while the worker is still
 announced; every connection is entered and exited in that one task. Callers only send frames and
-read their call's memory stream.
+wait for their call's.
 
 The subscriber is consumed as given: the proxy iterates it and never enters, exits or resolves
 it, so whoever created it owns its lifetime (a :class:`~anywool.WorkerPool` for the

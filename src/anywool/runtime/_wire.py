@@ -19,7 +19,7 @@ Per call the worker answers ``Ack (Return | Result* (Exception | End)) | Excepti
   or ``ACLOSE``: ``RESULT`` (a yielded item), ``END`` (exhausted or closed) or ``EXCEPTION``;
 * ``CANCEL`` (client → worker) cancels the routine; the worker still ends the call with
   ``EXCEPTION`` (a :class:`~anywool.errors.RoutineCancelled`), ``END`` or, when it had already
-  finished, whatever it had sent.
+  finished, whatever ended it (``RETURN`` included).
 
 This module does framing only; it knows nothing of routines or pickles.
 """
@@ -283,13 +283,13 @@ class FrameStream:
 
         Cancellation: cancellable while it waits for bytes; a frame, once read, is returned.
         """
+        if self._streak >= _STREAK:  # before taking a frame: none is held across the yield
+            self._streak = 0
+            await anyio.lowlevel.cancel_shielded_checkpoint()
         while True:
             frame = self._next()
             if frame is not None:
                 self._streak += 1
-                if self._streak >= _STREAK:
-                    self._streak = 0
-                    await anyio.lowlevel.cancel_shielded_checkpoint()
                 return frame
             if self._ended:
                 if self._buffer:
