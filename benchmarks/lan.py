@@ -194,6 +194,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--samples", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", metavar="PATH", help="also write every run's figures to PATH")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -232,6 +233,13 @@ def main() -> None:
         print(f"{'worker-' + kind:<20}" + "".join(f"{c:>26}" for c in cells))
     print(f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load "
           f"{os.getloadavg()[0]:.2f}")
+    if args.json:
+        document = {"settings": {"calls": args.calls, "samples": args.samples,
+                                 "repeat": args.repeat},
+                    "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+                    "runs": runs}
+        with open(args.json, "w") as out:
+            json.dump(document, out, indent=2)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,14 @@ def exports(package: str, where: Mapping[str, str]
     def __getattr__(name: str) -> Any:
         module = where.get(name)
         if module is None:
+            # A submodule (``anywool.errors``): eager imports used to bind them all, so code
+            # that only imported the package may use them.
+            if not name.startswith("__"):
+                try:
+                    return importlib.import_module(f"{package}.{name}")
+                except ModuleNotFoundError as exc:
+                    if exc.name != f"{package}.{name}":
+                        raise
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(module), name)
         setattr(importlib.import_module(package), name, value)

@@ -36,6 +36,11 @@ async def blob(size: int) -> bytes:
     return b"x" * size
 
 
+@routine
+async def size_of(data: bytes) -> int:
+    return len(data)
+
+
 async def test_pool_publishes_into_a_discovery_its_caller_already_owns(namespace):
     with anyio.fail_after(60):
         async with LocalDiscovery(namespace) as discovery, anyio.create_task_group() as tg:
@@ -571,3 +576,25 @@ async def test_replies_and_steps_too_large_for_a_frame_fail_that_call_only() -> 
             with pytest.raises(PayloadTooLarge, match="takes_a_step"):
                 await agen.asend(b"s" * size)
             assert await double(2) == 4  # the worker survived every one
+
+
+async def test_what_fits_a_frame_does_not_depend_on_the_origin_having_travelled():
+    # The origin's pickle travels with a connection's first calls only; the size limit is
+    # judged as if it always did, so a call fits or not whatever connection it is sent on.
+    from anywool.errors import PayloadTooLarge
+
+    origin = (b"k" * 16, b"p" * 600)
+    limit = 4096
+    with anyio.fail_after(30):
+        async with anywool.LocalWorker() as worker, WorkerConnection(
+                worker.address, max_frame_size=limit, origin=lambda: origin) as connection:
+            assert await connection.call(double.__wrapped__, (2,), {}) == 4  # origin delivered
+            outcomes = []
+            for _ in range(2):
+                for size in (limit - 2000, limit - 1000):  # fits with the origin; only without
+                    try:
+                        await connection.call(size_of.__wrapped__, (b"x" * size,), {})
+                        outcomes.append((size, "sent"))
+                    except PayloadTooLarge:
+                        outcomes.append((size, "too large"))
+    assert outcomes == [(limit - 2000, "sent"), (limit - 1000, "too large")] * 2

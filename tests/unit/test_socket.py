@@ -270,3 +270,17 @@ async def test_frames_handed_over_while_waiting_keep_their_order_and_the_end_rea
                 a.close()
     assert seen == [1, 2, 3, 4, 5]
     assert len(outcome) == 1
+
+
+def test_importing_the_package_alone_still_reaches_its_submodules() -> None:
+    # Eager imports used to bind them; code that did `import anywool; anywool.errors.X` works.
+    code = ("import anywool; print(anywool.errors.WorkerError.__name__, "
+            "anywool.metadata.WorkerMetadata.__name__, anywool.discovery.afilter.__name__); "
+            "import anywool.runtime as r; print(r.routine.__name__)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=True)
+    assert result.stdout.split() == ["WorkerError", "WorkerMetadata", "afilter", "routine"]
+    code = "import anywool; anywool.nonexistent_module"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 1 and "has no attribute 'nonexistent_module'" in result.stderr

@@ -365,11 +365,15 @@ class WorkerConnection(SingleUse):
             origin,
             None if streaming else _dump_context(name),
         )
-        payload = envelope.encode_call(
-            request, origin_known=origin is not None and origin[0] == self._origin_delivered)
-        if len(payload) > payload_limit(self._max_frame_size):
-            raise PayloadTooLarge(f"the call to {name}", len(payload),
-                                  payload_limit(self._max_frame_size))
+        known = origin is not None and origin[0] == self._origin_delivered
+        payload = envelope.encode_call(request, origin_known=known)
+        # Judged as if the origin travelled whole: what fits must not depend on which
+        # connection the balancer picks, nor on whether it delivered the origin already.
+        limit, size = payload_limit(self._max_frame_size), len(payload)
+        if known and origin is not None and size + len(origin[1]) + 5 > limit:
+            size = len(envelope.encode_call(request))  # near the limit only: exact
+        if size > limit:
+            raise PayloadTooLarge(f"the call to {name}", size, limit)
         if self._failure is not None or self._frames is None:
             raise CallNotDelivered(self.address, self._failure or "not connected")
         call_id = next(self._ids)
