@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import signal
 import subprocess
 import sys
@@ -39,6 +40,11 @@ async def blob(size: int) -> bytes:
 @routine
 async def size_of(data: bytes) -> int:
     return len(data)
+
+
+@routine
+async def touch_at_once(path: str) -> None:
+    Path(path).touch()  # before any checkpoint: it shows whether the routine started at all
 
 
 async def test_pool_publishes_into_a_discovery_its_caller_already_owns(namespace):
@@ -598,3 +604,19 @@ async def test_what_fits_a_frame_does_not_depend_on_the_origin_having_travelled(
                     except PayloadTooLarge:
                         outcomes.append((size, "too large"))
     assert outcomes == [(limit - 2000, "sent"), (limit - 1000, "too large")] * 2
+
+
+async def test_a_call_made_in_a_cancelled_scope_writes_nothing(tmp_path):
+    # A frame the socket takes at once is written without waiting, but never by a cancelled
+    # caller: the call raises its cancellation first, and its routine never starts.
+    with anyio.fail_after(30):
+        async with anywool.LocalWorker() as worker, \
+                WorkerConnection(worker.address) as connection:
+            for index in range(50):
+                with anyio.CancelScope() as scope:
+                    scope.cancel()
+                    await connection.call(touch_at_once.__wrapped__,
+                                          (str(tmp_path / str(index)),), {})
+                assert scope.cancelled_caught
+            await connection.call(touch_at_once.__wrapped__, (str(tmp_path / "after"),), {})
+    assert [p.name for p in tmp_path.iterdir()] == ["after"]  # the connection still works

@@ -194,9 +194,13 @@ class FrameStream:
         means that nothing was written; once writing starts the frame is written whole
         (shielded, for at most ``send_timeout`` seconds, after which the stream is closed and
         ``BrokenResourceError`` raised), so a cancelled sender never corrupts it. A frame the
-        socket takes at once is written without a checkpoint.
+        socket takes at once is written without waiting (a cancellation already pending is
+        raised first, and nothing is written).
         """
         data = encode(frame, self._max)
+        # A cancelled sender writes nothing. (It raises a pending cancellation only, without
+        # letting other tasks run: the lock's state below is as seen.)
+        await anyio.lowlevel.checkpoint_if_cancelled()
         raw, lock = self._raw_send, self._send_lock
         if raw is not None and not lock.locked():
             written = raw.try_send(data)
