@@ -234,10 +234,27 @@ def main() -> None:
     print(f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load "
           f"{os.getloadavg()[0]:.2f}")
     if args.json:
+        summary: dict[str, Any] = {}
+        for backend in backends:
+            unix, _ = _cell([r["round_trip"]["unix"] for r in runs[backend]])
+            figures: dict[str, Any] = {}
+            for name in TRANSPORTS:
+                median, p99 = _cell([r["round_trip"][name] for r in runs[backend]])
+                figures[name] = {"median_ms": median, "p99_ms": p99, "ratio_to_unix": median / unix}
+            found = [r["propagation"] for r in runs[backend]]
+            propagation: dict[str, Any] = {}
+            for kind in ("added", "dropped"):
+                if any("skipped" in f for f in found):
+                    propagation[kind] = {"skipped": found[0].get("skipped", "?")}
+                else:
+                    median, p99 = _cell([f[kind] for f in found])
+                    propagation[kind] = {"median_ms": median, "p99_ms": p99}
+            summary[backend] = {"round_trip": figures, "propagation": propagation}
         document = {"settings": {"calls": args.calls, "samples": args.samples,
                                  "repeat": args.repeat},
-                    "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
-                    "runs": runs}
+                    "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+                                "loadavg": os.getloadavg()[0]},
+                    "results": summary}
         with open(args.json, "w") as out:
             json.dump(document, out, indent=2)
 
