@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from anywool.runtime._callgroup import call_scope, open_call_group
@@ -12,15 +13,21 @@ pytestmark = pytest.mark.anyio
 
 async def test_exiting_waits_for_every_task() -> None:
     done: list[int] = []
+    gate = anyio.Event()
 
     async def work(i: int) -> None:
-        await anyio.sleep(0.01 * i)
+        await gate.wait()
+        for _ in range(i):  # each ends after a different number of turns
+            await anyio.lowlevel.checkpoint()
         done.append(i)
 
     with anyio.fail_after(5):
         async with open_call_group() as group:
             for i in range(5):
                 group.start_soon(work, i)
+            await anyio.wait_all_tasks_blocked()
+            gate.set()  # none of them has ended yet: the exit has all five to wait for
+            assert done == []
     assert sorted(done) == [0, 1, 2, 3, 4]
 
 
@@ -32,7 +39,7 @@ async def test_cancelling_the_group_cancels_its_tasks_and_their_shields_hold() -
             await anyio.sleep_forever()
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
-                await anyio.sleep(0.01)  # a reply written while cancelled, as the server does
+                await anyio.lowlevel.checkpoint()  # a reply written while cancelled
                 events.append("replied")
             raise
 
@@ -76,7 +83,7 @@ async def test_the_hosts_cancellation_reaches_the_tasks_and_exit_still_waits() -
             await anyio.sleep_forever()
         finally:
             with anyio.CancelScope(shield=True):
-                await anyio.sleep(0.01)
+                await anyio.lowlevel.checkpoint()  # unwinding that awaits, cancelled
             ended.append("unwound")
 
     with anyio.fail_after(5):
