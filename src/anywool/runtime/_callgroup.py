@@ -121,17 +121,13 @@ class _AsyncioCallGroup:
         if exc is not None:
             self.cancel_scope.cancel()
         try:
-            while self._tasks:
-                self._done = anyio.Event()
-                try:
-                    await self._done.wait()
-                except BaseException:
-                    self.cancel_scope.cancel()  # cancelled: theirs too, then wait on
-                    with anyio.CancelScope(shield=True):
-                        while self._tasks:
-                            self._done = anyio.Event()
-                            await self._done.wait()
-                    raise
+            try:
+                await self._wait_for_tasks()
+            except BaseException:
+                self.cancel_scope.cancel()  # cancelled: theirs too, then wait on
+                with anyio.CancelScope(shield=True):
+                    await self._wait_for_tasks()
+                raise
         finally:
             self._active = False
         if self._errors:
@@ -139,6 +135,11 @@ class _AsyncioCallGroup:
             raise BaseExceptionGroup("unhandled errors in a worker connection's calls",
                                      errors) from None
         return False
+
+    async def _wait_for_tasks(self) -> None:
+        while self._tasks:
+            self._done = anyio.Event()
+            await self._done.wait()
 
     def start_soon(self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any,
                    name: object = None) -> None:

@@ -129,14 +129,22 @@ def decode_body(body: bytes) -> Frame:
 
     :raises FrameError: the body is shorter than a kind and a call id, or the kind is unknown.
     """
-    if len(body) < ENVELOPE_OVERHEAD:
-        raise FrameError(f"a frame body of {len(body)} bytes is shorter than its kind and "
+    return _parse_body(body, 0, len(body))
+
+
+def _parse_body(data: bytes | bytearray, start: int, end: int) -> Frame:
+    """The frame whose body is ``data[start:end]``.
+
+    :raises FrameError: the body is shorter than a kind and a call id, or the kind is unknown.
+    """
+    if end - start < ENVELOPE_OVERHEAD:
+        raise FrameError(f"a frame body of {end - start} bytes is shorter than its kind and "
                          f"call id ({ENVELOPE_OVERHEAD} bytes)")
-    kind, call_id = _KIND_AND_ID.unpack_from(body)
+    kind, call_id = _KIND_AND_ID.unpack_from(data, start)
     known = _KINDS.get(kind)
     if known is None:
         raise FrameError(f"unknown frame kind {kind}")
-    return Frame(known, call_id, bytes(body[ENVELOPE_OVERHEAD:]))
+    return Frame(known, call_id, bytes(data[start + ENVELOPE_OVERHEAD:end]))
 
 
 class FrameStream:
@@ -315,19 +323,15 @@ class FrameStream:
             raise FrameError(
                 f"announced frame body of {length} bytes exceeds the maximum of {self._max} bytes"
             )
-        if length < ENVELOPE_OVERHEAD:
+        if length < ENVELOPE_OVERHEAD:  # known from the header: no need to wait for the body
             raise FrameError(f"a frame body of {length} bytes is shorter than its kind and "
                              f"call id ({ENVELOPE_OVERHEAD} bytes)")
         end = _LENGTH.size + length
         if len(buffer) < end:
             return None
-        kind, call_id = _KIND_AND_ID.unpack_from(buffer, _LENGTH.size)
-        known = _KINDS.get(kind)
-        if known is None:
-            raise FrameError(f"unknown frame kind {kind}")
-        payload = bytes(buffer[_HEADER.size:end])
+        frame = _parse_body(buffer, _LENGTH.size, end)
         del buffer[:end]
-        return Frame(known, call_id, payload)
+        return frame
 
     def deliver_while_waiting(self, handler: Callable[[Frame], None]) -> None:
         """Let the event loop hand frames to ``handler`` itself while the receiver waits.
