@@ -183,7 +183,7 @@ async def test_sigkilled_owner_is_reclaimed_by_successor(namespace, runtime_dir,
                     pass
             assert sorted(os.listdir(info.value.path)) == contents
             async with LocalDiscovery(namespace) as successor:
-                assert sorted(os.listdir(successor.path)) == ["notify", "owner", "registry"]
+                assert sorted(os.listdir(successor.path)) == ["name", "notify", "owner", "registry"]
                 # The dead generation was swept, not left beside the new one.
                 assert os.listdir(runtime_dir) == [os.path.basename(successor.path)]
             assert await child.read_stderr() == b""

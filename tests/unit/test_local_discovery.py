@@ -37,7 +37,7 @@ async def test_entry_claims_and_exit_removes_everything(namespace, runtime_dir: 
     with anyio.fail_after(10):
         async with LocalDiscovery(namespace) as discovery:
             assert discovery.path is not None
-            assert sorted(os.listdir(discovery.path)) == ["notify", "owner", "registry"]
+            assert sorted(os.listdir(discovery.path)) == ["name", "notify", "owner", "registry"]
             assert Path(discovery.path).parent == runtime_dir
         assert os.listdir(runtime_dir) == []
 

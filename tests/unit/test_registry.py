@@ -221,7 +221,7 @@ def test_reaper_removes_lease_files_of_dead_publishers_without_workers():
         live = binding.open_lease()
         claim.reap()
         names = sorted(os.listdir(claim.path))
-        assert names == sorted(["notify", "owner", "registry", live.path.name])
+        assert names == sorted(["name", "notify", "owner", "registry", live.path.name])
         live.release()
     finally:
         binding.close()

@@ -3,7 +3,7 @@
 ``<runtime dir>/w-<16 hex>/s``. The worker creates the directory (``0700``), holds
 ``flock(LOCK_EX)`` on it for its whole life and listens on ``s`` inside. The kernel drops the
 lock when the worker dies, however it dies, so a ``w-*`` directory whose lock can be taken is a
-dead worker's: the next claim of any namespace sweeps it (``registry._sweep_leftovers``). The
+dead worker's: the next claim of any namespace sweeps it (``_claim.sweep_leftovers``). The
 parent, which chose the directory before starting the worker, removes it after reaping the
 worker, also when the worker never got as far as reporting its address.
 

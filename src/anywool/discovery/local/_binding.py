@@ -33,14 +33,19 @@ from anywool.discovery.local._flock import (
     try_lock,
     unlink_quietly,
 )
-from anywool.discovery.local._keys import namespace_digest, namespace_path
+from anywool.discovery.local._keys import (
+    MAX_NAME_BYTES,
+    NAME_FILE,
+    decode_name,
+    namespace_digest,
+    namespace_path,
+)
 from anywool.discovery.local._layout import (
     EMPTY_UID,
-    MAX_BLOCK_SIZE,
-    MAX_CAPACITY,
     Change,
     Header,
     Table,
+    check_header,
     read_counter,
     read_header,
 )
@@ -319,12 +324,7 @@ def bind(namespace: str, root: Path | None = None) -> Binding:
         header = read_header(registry_fd)
         if header.digest != namespace_digest(namespace):
             raise DiscoveryNamespaceNotFound(namespace)
-        # Never trust sizes read from a file: a corrupt header must not drive allocations.
-        if not (1 <= header.capacity <= MAX_CAPACITY and 1 <= header.block_size <= MAX_BLOCK_SIZE):
-            raise ValueError("its header names an impossible capacity or block size")
-        if os.fstat(registry_fd).st_size < Table(registry_fd, header.capacity,
-                                                 header.block_size).size:
-            raise ValueError("it is truncated")
+        check_header(header, registry_fd)
         try:
             notify_fd = open_file("notify", os.O_WRONLY, dir_fd=dir_fd)
         except OSError:
@@ -353,6 +353,27 @@ def bind(namespace: str, root: Path | None = None) -> Binding:
             raise DiscoveryRegistryCorrupt(namespace, str(path / "registry"),
                                            str(exc) or type(exc).__name__) from None
         raise DiscoveryNamespaceNotFound(namespace) from None
+
+
+def recorded_name(dir_fd: int) -> str | None:
+    """The name of the namespace whose generation ``dir_fd`` is, as its claim recorded it
+    (``None``: not recorded, unreadable, or not matching the registry's digest)."""
+    try:
+        fd = open_file("registry", os.O_RDONLY, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        digest = read_header(fd).digest
+        name_fd = open_file(NAME_FILE, os.O_RDONLY, dir_fd=dir_fd)
+        try:
+            data = os.read(name_fd, MAX_NAME_BYTES + 1)
+        finally:
+            os.close(name_fd)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return decode_name(data, digest) if len(data) <= MAX_NAME_BYTES else None
 
 
 def lease_ids(path: Path) -> set[bytes]:

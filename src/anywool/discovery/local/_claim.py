@@ -16,6 +16,7 @@ import shutil
 import struct
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 from pathlib import Path
 from uuid import UUID
 
@@ -24,6 +25,7 @@ from anywool.discovery.local._binding import (
     Generation,
     lease_ids,
     lease_is_dead,
+    recorded_name,
     sweep_pending_leases,
 )
 from anywool.discovery.local._flock import (
@@ -38,7 +40,7 @@ from anywool.discovery.local._flock import (
     unlock,
     unlink_quietly,
 )
-from anywool.discovery.local._keys import namespace_digest, namespace_path
+from anywool.discovery.local._keys import MAX_NAME_BYTES, NAME_FILE, encode_name, namespace_digest, namespace_path
 from anywool.discovery.local._layout import (
     COUNTER_OFFSET,
     EMPTY_UID,
@@ -279,6 +281,7 @@ def _claim(namespace: str, root: Path, target: Path, capacity: int, block_size: 
         registry_fd, header = _create_registry(dir_fd, namespace, capacity, block_size)
         notify_fd = open_file("notify", os.O_RDWR | os.O_CREAT | os.O_EXCL, dir_fd=dir_fd)
         os.fchmod(notify_fd, 0o600)  # publishers write it, whatever the umask
+        _record_name(dir_fd, namespace)
         for attempt in range(3):
             try:
                 os.rename(tmp, target)
@@ -294,7 +297,7 @@ def _claim(namespace: str, root: Path, target: Path, capacity: int, block_size: 
                 raise incumbent
             if not reclaim:
                 raise DiscoveryNamespaceInUse(namespace, str(target), None)
-            _sweep_dead(root, target)
+            sweep_dead(root, target)
         raise DiscoveryNamespaceInUse(namespace, str(target), _owner_pid(target))
     except BaseException as exc:
         close_quietly(registry_fd)
@@ -305,6 +308,21 @@ def _claim(namespace: str, root: Path, target: Path, capacity: int, block_size: 
         if isinstance(exc, _Busy):
             return None
         raise
+
+
+def _record_name(dir_fd: int, namespace: str) -> None:
+    """Write the namespace's name into the generation (see ``_keys.NAME_FILE``): its
+    directory's name is a hash, and an operator listing the runtime directory needs the name."""
+    encoded = encode_name(namespace)
+    if len(encoded) > MAX_NAME_BYTES:
+        return  # never read back: such a namespace is listed by its key
+    fd = open_file(NAME_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, dir_fd=dir_fd)
+    try:
+        data = memoryview(encoded)
+        while data:
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
 
 
 class _Busy(Exception):
@@ -369,23 +387,50 @@ def _owner_pid(target: Path) -> int | None:
         os.close(fd)
 
 
-def _sweep_dead(root: Path, target: Path) -> None:
-    """Remove ``target`` if its owner is dead, holding its lock throughout."""
+class Swept(NamedTuple):
+    """One thing a sweep removed from the runtime directory."""
+
+    entry: str  # its name there: ns-<key>, dead-<hex>, tmp-<hex> or w-<hex>
+    kind: str  # one of SWEPT_KINDS' values
+    namespace: str | None  # the namespace it was a generation of, when recorded
+
+
+#: What each kind of entry a sweep removes is, by its prefix.
+SWEPT_KINDS = {
+    "ns-": "dead-namespace",  # a generation whose owner died
+    "dead-": "unfinished-removal",  # a generation whose remover was killed midway
+    "tmp-": "killed-claimant",  # a generation its claimant never got to rename into place
+    "w-": "worker-socket",  # the socket directory of a worker that died
+}
+
+
+def _swept(name: str, fd: int) -> Swept:
+    kind = next(kind for prefix, kind in SWEPT_KINDS.items() if name.startswith(prefix))
+    return Swept(name, kind, None if kind == "worker-socket" else recorded_name(fd))
+
+
+def sweep_dead(root: Path, target: Path) -> Swept | None:
+    """Remove the generation ``target`` if its owner is dead, holding its lock throughout.
+
+    :returns: what was removed, or ``None`` (it is gone, or its owner lives).
+    """
     try:
         fd = open_dir(target)
     except FileNotFoundError:
-        return
+        return None
     try:
         if not probe_free(fd):
-            return
+            return None
         try:
             current = os.stat(target, follow_symlinks=False)
         except FileNotFoundError:
-            return
+            return None
         locked = os.fstat(fd)
         if (current.st_dev, current.st_ino) != (locked.st_dev, locked.st_ino):
-            return  # another sweeper replaced it meanwhile
+            return None  # another sweeper replaced it meanwhile
+        swept = _swept(target.name, fd)
         _remove_generation(root, target, fd)
+        return swept
     finally:
         os.close(fd)
 
@@ -424,32 +469,36 @@ def sweep_due() -> bool:
 
 
 def sweep_now_and_then(root: Path, keep: Path | None = None) -> None:
-    """Sweep the runtime directory (see :func:`_sweep_leftovers`) if this process has not in
+    """Sweep the runtime directory (see :func:`sweep_leftovers`) if this process has not in
     the last :data:`SWEEP_INTERVAL` seconds. ``keep`` is a generation to leave alone."""
     global _last_sweep
     now = time.monotonic()
     if now - _last_sweep >= SWEEP_INTERVAL:
         _last_sweep = now
-        _sweep_leftovers(root, keep)
+        sweep_leftovers(root, keep)
 
 
-def _sweep_leftovers(root: Path, keep: Path | None) -> None:
+def sweep_leftovers(root: Path, keep: Path | None = None) -> list[Swept]:
     """Remove what dead processes left behind: ``tmp-*`` and ``dead-*`` directories of killed
-    claimants, generations (``ns-*``) whose owner died, e.g. the random namespace of a
-    SIGKILLed pool that nobody will ever claim again, and the socket directories (``w-*``) of
-    killed workers. ``keep`` (the namespace being claimed) is
-    left to the claim's own reclaim logic, which honours ``reclaim=False``.
+    claimants and removers, generations (``ns-*``) whose owner died, e.g. the random namespace
+    of a SIGKILLed pool that nobody will ever claim again, and the socket directories (``w-*``)
+    of killed workers. ``keep`` (the namespace being claimed) is left to the claim's own
+    reclaim logic, which honours ``reclaim=False``.
 
-    A lock that can be taken proves its holder is gone; anything locked is left alone.
+    A lock that can be taken proves its holder is gone; anything locked is left alone, and so is
+    a ``tmp-*`` or ``w-*`` directory younger than a second (its creator locks it right after
+    ``mkdir``).
+
+    :returns: what was removed, in directory order.
     """
     try:
         names = os.listdir(root)
     except FileNotFoundError:
-        return
+        return []
     now = time.time()
+    swept: list[Swept] = []
     for name in names:
-        if not name.startswith(("tmp-", "dead-", "ns-", "w-")) or (
-                keep is not None and name == keep.name):
+        if not name.startswith(tuple(SWEPT_KINDS)) or (keep is not None and name == keep.name):
             continue
         path = root / name
         try:
@@ -458,8 +507,6 @@ def _sweep_leftovers(root: Path, keep: Path | None) -> None:
             continue
         try:
             info = os.fstat(fd)
-            # A claimant (a worker) locks its tmp (w-) directory right after mkdir: spare very
-            # young ones.
             if name.startswith(("tmp-", "w-")) and now - info.st_mtime < 1.0:
                 continue
             if not try_lock(fd, fcntl.LOCK_EX):
@@ -470,9 +517,11 @@ def _sweep_leftovers(root: Path, keep: Path | None) -> None:
                 continue
             if (current.st_dev, current.st_ino) != (info.st_dev, info.st_ino):
                 continue  # replaced meanwhile by someone else's generation
+            swept.append(_swept(name, fd))
             if name.startswith("ns-"):
                 _remove_generation(root, path, fd)
             else:
                 shutil.rmtree(path, ignore_errors=True)
         finally:
             os.close(fd)
+    return swept

@@ -44,5 +44,28 @@ def namespace_path(namespace: str, root: Path | None = None) -> Path:
     return (root or runtime_dir()) / f"ns-{namespace_key(namespace)}"
 
 
+#: The file of a generation that records its namespace's name, written by the claim: the
+#: directory's name is a hash, so this is how ``anywool ls`` can say whose it is.
+NAME_FILE = "name"
+#: The longest name recorded in full is read back (a namespace may be any string, but a file
+#: read from disk must not drive an unbounded read).
+MAX_NAME_BYTES = 1 << 20
+
+
+def encode_name(namespace: str) -> bytes:
+    """What :data:`NAME_FILE` holds for ``namespace``: UTF-8, lone surrogates kept."""
+    return _encode(namespace)
+
+
+def decode_name(data: bytes, digest: bytes) -> str | None:
+    """The namespace a :data:`NAME_FILE` holds, or ``None`` when it does not hash to the
+    registry header's ``digest`` (damaged, or another generation's)."""
+    try:
+        name = data.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        return None
+    return name if namespace_digest(name) == digest else None
+
+
 def _encode(namespace: str) -> bytes:
     return namespace.encode("utf-8", "surrogatepass")

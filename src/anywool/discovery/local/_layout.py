@@ -4,6 +4,7 @@ One generation of a namespace is a directory in the private runtime directory::
 
     ns-<key>/           one generation; its owner holds flock(LOCK_EX) on it for life
         owner           locked by the owner for life: borrowers probe this one
+        name            the namespace's name, UTF-8 (the digest in the header vouches for it)
         registry        the file below (pread/pwrite, never mmap)
         notify          the change hint: publishers write a byte after every change
         lease-<hex>     one per bound publisher, which holds flock(LOCK_EX) on it for life
@@ -276,6 +277,18 @@ def read_header(fd: int) -> Header:
     if magic != MAGIC or version != FORMAT_VERSION:
         raise ValueError("not an anywool registry of a known format")
     return Header(capacity, block_size, pid, generation, digest, counter, bool(retired))
+
+
+def check_header(header: Header, fd: int) -> None:
+    """Refuse a header whose sizes are impossible or that the file is too short for: sizes read
+    from a file must never drive an allocation or a read.
+
+    :raises ValueError: saying which.
+    """
+    if not (1 <= header.capacity <= MAX_CAPACITY and 1 <= header.block_size <= MAX_BLOCK_SIZE):
+        raise ValueError("its header names an impossible capacity or block size")
+    if os.fstat(fd).st_size < Table(fd, header.capacity, header.block_size).size:
+        raise ValueError("it is truncated")
 
 
 def read_counter(fd: int) -> tuple[int, bool]:
