@@ -274,3 +274,26 @@ async def test_a_routine_that_reads_or_closes_stdin_leaves_the_worker_stoppable(
                 assert await connection.call(double.__wrapped__, (5,), {}) == 10
             await worker.stop(5)
     assert codes == [0]  # it took the stop request and stopped cleanly
+
+
+@pytest.mark.parametrize("reads", [False, True], ids=["never-reads", "reads"])
+async def test_a_client_that_never_hangs_up_does_not_stretch_the_stop(
+        reads: bool, caplog: pytest.LogCaptureFixture) -> None:
+    # The worker half-closes and lingers for its clients, but within the one budget its parent
+    # waits for: it exits by itself (code 0), not by SIGTERM after a logged overrun.
+    with anyio.fail_after(30):
+        async with LocalWorker() as worker:
+            lingering = await anyio.connect_unix(worker.address.removeprefix("unix:"))
+            async with lingering, anyio.create_task_group() as tg:
+                frames = FrameStream(lingering, lingering)
+                await frames.send(Frame(Kind.CALL, 1, call_payload(double.__wrapped__, (1,))))
+                assert [(await frames.receive()).kind for _ in range(2)] == [Kind.ACK,
+                                                                             Kind.RETURN]
+                if reads:  # reads its end-of-stream, and still does not hang up
+                    tg.start_soon(_until_closed, lingering)
+                process = worker._process
+                assert process is not None
+                await worker.stop(0)
+                assert process.returncode == 0
+                tg.cancel_scope.cancel()
+    assert "finishing forcefully" not in caplog.text

@@ -36,12 +36,15 @@ from anywool.errors import WorkerError
 from anywool.metadata import WorkerMetadata
 from anywool.runtime import _auth, _socket_dir
 from anywool.runtime._peer import PEER_GONE
+from anywool.runtime._server import STOP_TAIL
 from anywool.runtime._worker import MAX_CONCURRENCY, PARENT_PID_ENV, STARTUP_ERROR, SYS_PATH_ENV
 
 log = logging.getLogger(__name__)
 
 # After the grace period: how long SIGTERM, then SIGKILL, get to end the process (seconds).
 _TERM_TIMEOUT = 3.0
+# Beyond a stopping worker's grace and its STOP_TAIL: the exit of its interpreter.
+_STOP_MARGIN = 0.5
 _KILL_TIMEOUT = 5.0
 
 
@@ -306,7 +309,7 @@ class LocalWorker(SingleUse):
             await self._kill(process)
 
         await graceful_then_forceful(
-            drain, kill, timeout=grace + 1.0, what=f"stopping worker pid {process.pid}",
+            drain, kill, timeout=grace + STOP_TAIL + _STOP_MARGIN, what=f"stopping worker pid {process.pid}",
             log=log, forceful_timeout=_TERM_TIMEOUT + _KILL_TIMEOUT + 2.0,
         )
 

@@ -52,6 +52,14 @@ log = logging.getLogger("anywool.worker")
 REPLY_TIMEOUT = 1.0
 # Seconds a stopping worker waits for its clients to hang up after it half-closed.
 LINGER = 2.0
+#: Seconds a stopping worker spends after its drain, all steps together: cancelling the calls
+#: still running (at most REPLY_TIMEOUT of it), closing its nested proxies, half-closing and
+#: lingering for its clients, then shutting down the connections of those that stay. One
+#: budget, so that a client that never hangs up cannot stretch the stop past what the parent
+#: waits for (LocalWorker allows the grace plus this, plus a margin, before SIGTERM).
+STOP_TAIL = 2.0
+# Of the tail, what is kept for the connections shut down after the linger to end.
+_SHUTDOWN_RESERVE = 0.25
 
 
 class _Stop:
@@ -170,18 +178,19 @@ class Server:
 
     # -- connections ---------------------------------------------------------------------------
 
-    async def close_connections(self, linger: float) -> None:
-        """Half-close every connection, then wait up to ``linger`` seconds for clients to go.
+    async def close_connections(self, deadline: float) -> None:
+        """Half-close every connection, then wait until ``deadline`` (``anyio.current_time()``
+        seconds) for clients to go.
 
         A client reads end-of-stream, so calls it sent that were never acknowledged fail as
         "not delivered" (safe to retry elsewhere); meanwhile this side keeps reading, so it
         never closes with unread data, which would reset the stream and could destroy replies
         the client has not read yet. Each half-close waits for the reply being written on its
         connection, if any (a half-close under a write raises ``BusyResourceError``). The
-        connections still open after ``linger`` are shut down, so that their handlers' pending
-        receives end with end-of-stream rather than by cancellation.
+        connections still open a moment before ``deadline`` are shut down, so that their
+        handlers' pending receives end with end-of-stream rather than by cancellation.
         """
-        with anyio.move_on_after(linger):
+        with anyio.move_on_at(deadline - _SHUTDOWN_RESERVE):
             async with anyio.create_task_group() as tg:
                 for frames in list(self.connections):
                     tg.start_soon(_half_close, frames)
@@ -189,7 +198,7 @@ class Server:
         if self.connections:
             for frames in list(self.connections):
                 shut_down(frames.stream)
-            with anyio.move_on_after(REPLY_TIMEOUT):
+            with anyio.move_on_at(max(deadline, anyio.current_time() + 0.05)):
                 await self._until_no_connection()
 
     async def _until_no_connection(self) -> None:
