@@ -498,30 +498,48 @@ def sweep_leftovers(root: Path, keep: Path | None = None) -> list[Swept]:
     now = time.time()
     swept: list[Swept] = []
     for name in names:
-        if not name.startswith(tuple(SWEPT_KINDS)) or (keep is not None and name == keep.name):
+        if keep is not None and name == keep.name:
             continue
-        path = root / name
-        try:
-            fd = open_dir(path)
-        except OSError:
-            continue
-        try:
-            info = os.fstat(fd)
-            if name.startswith(("tmp-", "w-")) and now - info.st_mtime < 1.0:
-                continue
-            if not try_lock(fd, fcntl.LOCK_EX):
-                continue
-            try:
-                current = os.stat(path, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            if (current.st_dev, current.st_ino) != (info.st_dev, info.st_ino):
-                continue  # replaced meanwhile by someone else's generation
-            swept.append(_swept(name, fd))
-            if name.startswith("ns-"):
-                _remove_generation(root, path, fd)
-            else:
-                shutil.rmtree(path, ignore_errors=True)
-        finally:
-            os.close(fd)
+        entry = sweep_entry(root, name, now)
+        if entry is not None:
+            swept.append(entry)
     return swept
+
+
+def sweep_entry(root: Path, name: str, now: float | None = None) -> Swept | None:
+    """Remove the entry ``name`` of the runtime directory (``ns-*``, ``dead-*``, ``tmp-*`` or
+    ``w-*``) if the process that held it is gone, by the rules of :func:`sweep_leftovers`.
+
+    :param now: the ``time.time()`` a ``tmp-*`` or ``w-*`` directory's age is judged at
+        (default: the time of the call).
+    :returns: what was removed, or ``None``: held, younger than a second, gone, replaced
+        meanwhile, or not an entry a sweep removes.
+    """
+    if not name.startswith(tuple(SWEPT_KINDS)):
+        return None
+    path = root / name
+    try:
+        fd = open_dir(path)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if name.startswith(("tmp-", "w-")) and \
+                (time.time() if now is None else now) - info.st_mtime < 1.0:
+            return None
+        if not try_lock(fd, fcntl.LOCK_EX):
+            return None
+        try:
+            current = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        if (current.st_dev, current.st_ino) != (info.st_dev, info.st_ino):
+            return None  # replaced meanwhile by someone else's generation
+        swept = _swept(name, fd)
+        if name.startswith("ns-"):
+            _remove_generation(root, path, fd)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+        return swept
+    finally:
+        os.close(fd)

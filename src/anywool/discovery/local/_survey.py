@@ -29,7 +29,7 @@ from anywool.discovery.local._binding import (
     lease_is_dead,
     recorded_name,
 )
-from anywool.discovery.local._claim import Swept, sweep_dead, sweep_leftovers
+from anywool.discovery.local._claim import Swept, sweep_dead, sweep_entry, sweep_leftovers
 from anywool.discovery.local._flock import close_quietly, locked, open_dir, open_file, \
     owner_alive, try_lock, unlock
 from anywool.discovery.local._keys import namespace_digest, namespace_path
@@ -172,8 +172,7 @@ def find(namespace: str, root: Path | None = None, *,
         return None
     path = namespace_path(namespace, root)
     state = _read(path, lock_timeout, expect=namespace_digest(namespace))
-    if state is None and namespace.startswith(_PREFIXES) and "/" not in namespace \
-            and namespace not in (".", ".."):
+    if state is None and _is_entry(namespace):
         state = _read(root / namespace, lock_timeout)
     return state
 
@@ -183,10 +182,11 @@ def reclaim(root: Path | None = None, namespace: str | None = None) -> list[Swep
 
     Without ``namespace``: every dead generation, every abandoned claimant's or remover's
     directory and every dead worker's socket directory (see
-    :func:`~._claim.sweep_leftovers`). With it: that namespace's generation, if its owner is
-    dead. Whatever a live process holds (an owner, a stopped one included; a claimant; a
-    worker) is never touched: each removal is decided by taking the kernel lock its holder would
-    hold, and done while holding it.
+    :func:`~._claim.sweep_leftovers`). With it: the generation :func:`find` reports for it (the
+    namespace's own, else the entry of that name), if what held it is dead. Whatever a live
+    process holds (an owner, a stopped one included; a claimant; a worker) is never touched:
+    each removal is decided by taking the kernel lock its holder would hold, and done while
+    holding it.
 
     :returns: what was removed.
     :raises ValueError, PermissionError: as :func:`survey`.
@@ -197,9 +197,12 @@ def reclaim(root: Path | None = None, namespace: str | None = None) -> list[Swep
     if namespace is None:
         return sweep_leftovers(root)
     target = namespace_path(namespace, root)
-    if not _matches(target, namespace_digest(namespace)):
-        return []
-    swept = sweep_dead(root, target)
+    if _belongs(target, namespace_digest(namespace)):
+        swept = sweep_dead(root, target)
+    elif _is_entry(namespace):
+        swept = sweep_entry(root, namespace)
+    else:
+        swept = None
     return [] if swept is None else [swept]
 
 
@@ -221,17 +224,35 @@ def _default_path() -> Path:
     return _configured()
 
 
-def _matches(path: Path, digest: bytes) -> bool:
+def _is_entry(name: str) -> bool:
+    """Whether ``name`` can be a generation directory's own name (``ns-``, ``dead-``, ``tmp-``
+    and nothing a path could make more of)."""
+    return name.startswith(_PREFIXES) and "/" not in name and "\0" not in name
+
+
+def _belongs(path: Path, digest: bytes) -> bool:
+    """Whether ``path`` is a generation that :func:`_read` with ``expect=digest`` reports: it
+    is there, and its registry names that digest or cannot tell (a registry that does not read
+    leaves the decision to the sweep's lock alone)."""
     try:
-        fd = open_file(path / "registry", os.O_RDONLY)
+        dir_fd = open_dir(path)
     except OSError:
-        return True  # no registry to tell by: the sweep decides on the lock alone
+        return False
     try:
-        return read_header(fd).digest == digest
-    except (OSError, ValueError):
-        return True
+        try:
+            fd = open_file("registry", os.O_RDONLY, dir_fd=dir_fd)
+        except OSError:
+            return True
+        try:
+            header = read_header(fd)
+            check_header(header, fd)
+        except (OSError, ValueError):
+            return True
+        finally:
+            os.close(fd)
+        return header.digest == digest
     finally:
-        os.close(fd)
+        os.close(dir_fd)
 
 
 def _socket(path: Path) -> WorkerSocket | None:

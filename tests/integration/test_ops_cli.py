@@ -1,0 +1,337 @@
+"""The operations commands (``anywool ls``, ``show``, ``watch``, ``reclaim``): the real command in
+another interpreter, reading what real owners and publishers (this process, or children killed
+with SIGKILL) left in the runtime directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import anyio
+import pytest
+
+from anywool.discovery.local import LocalDiscovery, _claim
+
+from ..helpers import worker
+from .children import REPO, Child, start, stop
+
+pytestmark = pytest.mark.anyio
+
+#: The keys of a worker document (show, watch).
+WORKER_KEYS = {"uid", "address", "pid", "version", "tags", "secure", "extra", "lease",
+               "publisher_alive"}
+NAMESPACE_KEYS = {"entry", "key", "name", "state", "reclaimable", "owner_pid", "capacity",
+                  "block_size", "changes", "worker_count", "leases", "error"}
+
+# Announces argv[2] workers in namespace argv[1], as its owner (argv[3] == "owner") or as a
+# publisher borrowing it, says "ready", and stays until its stdin closes.
+ANNOUNCER = """
+import os, sys, uuid, anyio
+from anywool.discovery.local import LocalDiscovery
+from anywool.metadata import WorkerMetadata
+
+async def main(namespace, count, role):
+    async def announce(publisher):
+        for index in range(count):
+            await publisher.publish("worker-added", WorkerMetadata(
+                uuid.uuid4(), f"unix:/tmp/child-{index}.sock", os.getpid(), "child"))
+        print("ready", flush=True)
+        await anyio.to_thread.run_sync(sys.stdin.read)
+    if role == "owner":
+        async with LocalDiscovery(namespace) as discovery, discovery.publisher as publisher:
+            await announce(publisher)
+    else:
+        async with LocalDiscovery.Publisher(namespace) as publisher:
+            await announce(publisher)
+
+anyio.run(main, sys.argv[1], int(sys.argv[2]), sys.argv[3])
+"""
+
+
+def _environment(runtime_dir: str | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["COLUMNS"] = "200"  # rich's width off a terminal: tables wide enough to read
+    if runtime_dir is not None:
+        env["ANYWOOL_RUNTIME_DIR"] = runtime_dir
+    return env
+
+
+def run(*args: str, runtime_dir: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``anywool ARGS`` to completion (for the synchronous tests)."""
+    return subprocess.run([sys.executable, "-m", "anywool.cli", *args], capture_output=True,
+                          text=True, timeout=30, cwd=REPO, env=_environment(runtime_dir))
+
+
+async def anywool(*args: str) -> subprocess.CompletedProcess[bytes]:
+    """``anywool ARGS`` to completion, from an event loop."""
+    return await anyio.run_process([sys.executable, "-m", "anywool.cli", *args], check=False,
+                                   cwd=REPO, env=_environment())
+
+
+async def document(*args: str) -> dict:
+    """The one JSON document ``anywool ARGS --json`` prints (it must exit 0)."""
+    result = await anywool(*args, "--json")
+    assert result.returncode == 0, result.stderr.decode()
+    return json.loads(result.stdout)
+
+
+async def human(*args: str) -> str:
+    result = await anywool(*args)
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stderr == b""
+    return result.stdout.decode()
+
+
+async def announcer(namespace: str, count: int, role: str) -> Child:
+    child = await start(ANNOUNCER, namespace, str(count), role)
+    assert await child.readline() == "ready"
+    return child
+
+
+def dead_worker_socket(runtime_dir: Path) -> str:
+    """What a killed worker leaves: its socket directory, unlocked, older than a second."""
+    path = runtime_dir / f"w-{uuid.uuid4().hex[:16]}"
+    path.mkdir(mode=0o700)
+    (path / "s").touch()
+    os.utime(path, (0, 0))
+    return path.name
+
+
+# -- ls ------------------------------------------------------------------------------------------
+
+
+def test_ls_of_an_empty_or_missing_runtime_directory_lists_nothing(runtime_dir: Path,
+                                                                     tmp_path: Path) -> None:
+    result = run("ls")
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.strip() == f"no namespaces in {runtime_dir}"
+    result = run("ls", "--json")
+    assert json.loads(result.stdout) == {"runtime_dir": str(runtime_dir), "exists": True,
+                                         "namespaces": [], "sockets": []}
+    missing = tmp_path / "missing"
+    result = run("ls", runtime_dir=str(missing))
+    assert (result.returncode, result.stderr) == (0, "")
+    assert "no runtime directory" in result.stdout and str(missing) in result.stdout
+    assert not missing.exists()  # a reader never creates it
+
+
+async def test_ls_and_show_a_live_owner_its_workers_and_a_sigkilled_publisher(
+        namespace: str) -> None:
+    with anyio.fail_after(30):
+        async with LocalDiscovery(namespace, reap_interval=3600) as owner, \
+                owner.publisher as publisher:
+            ours = [worker(tags={"gpu"}), worker()]
+            for metadata in ours:
+                await publisher.publish("worker-added", metadata)
+            child = await announcer(namespace, 1, "publisher")
+            try:
+                listed = await document("ls")
+                (state,) = listed["namespaces"]
+                assert set(state) == NAMESPACE_KEYS
+                assert (state["name"], state["state"], state["reclaimable"]) == \
+                    (namespace, "live", False)
+                assert state["entry"] == os.path.basename(str(owner.path))
+                assert (state["owner_pid"], state["capacity"], state["worker_count"]) == \
+                    (os.getpid(), 128, 3)
+                assert sorted((lease["workers"], lease["alive"]) for lease in state["leases"]) \
+                    == [(1, True), (2, True)]
+                table = await human("ls")
+                row = next(line for line in table.splitlines() if namespace in line)
+                assert "live" in row and "3 / 128" in row and "2 alive" in row
+
+                shown = (await document("show", namespace))["namespace"]
+                by_uid = {w["uid"]: w for w in shown["workers"]}
+                assert all(set(w) == WORKER_KEYS for w in shown["workers"])
+                mine = by_uid[str(ours[0].uid)]
+                assert (mine["address"], mine["pid"], mine["tags"], mine["version"]) == \
+                    (ours[0].address, os.getpid(), ["gpu"], "test")
+                assert mine["publisher_alive"] is True
+                (theirs,) = [w for w in shown["workers"] if w["pid"] == child.pid]
+                assert theirs["publisher_alive"] is True and theirs["lease"] != mine["lease"]
+                assert {w["lease"] for w in shown["workers"]} == \
+                    {lease["id"] for lease in shown["leases"]}
+
+                child.kill()
+                await child.wait()
+                # The owner reaps once an hour: the dead publisher's worker is still there.
+                shown = (await document("show", namespace))["namespace"]
+                states = {w["uid"]: w["publisher_alive"] for w in shown["workers"]}
+                assert states == {str(ours[0].uid): True, str(ours[1].uid): True,
+                                  theirs["uid"]: False}
+                assert {lease["id"]: lease["alive"] for lease in shown["leases"]} == \
+                    {mine["lease"]: True, theirs["lease"]: False}
+                page = await human("show", namespace)
+                assert f"{namespace}  live · owner pid {os.getpid()} · capacity 128" in page
+                assert "3 workers · leases 1 alive, 1 dead" in page
+                assert f"{theirs['lease'][:8]} dead" in page
+                assert f"{mine['lease'][:8]} alive" in page
+            finally:
+                await stop([child])
+
+
+async def test_a_sigkilled_owner_is_listed_dead_and_reclaimed(namespace: str,
+                                                               runtime_dir: Path) -> None:
+    with anyio.fail_after(30):
+        child = await announcer(namespace, 2, "owner")
+        try:
+            child.kill()
+            await child.wait()
+            socket = dead_worker_socket(runtime_dir)
+            listed = await document("ls")
+            (state,) = listed["namespaces"]
+            assert (state["name"], state["state"], state["reclaimable"]) == \
+                (namespace, "dead", True)
+            assert (state["owner_pid"], state["worker_count"]) == (child.pid, 2)
+            assert [lease["alive"] for lease in state["leases"]] == [False]
+            assert listed["sockets"] == [{"entry": socket, "alive": False, "reclaimable": True}]
+            table = await human("ls")
+            assert "dead — reclaimable" in table
+            assert "worker socket directories: 0 live, 1 dead (1 reclaimable)" in table
+
+            reclaimed = await document("reclaim", namespace)
+            assert reclaimed == {"runtime_dir": str(runtime_dir), "namespace": namespace,
+                                 "state": "dead",
+                                 "removed": [{"entry": state["entry"], "kind": "dead-namespace",
+                                              "namespace": namespace}]}
+            assert os.listdir(runtime_dir) == [socket]  # only that namespace's generation
+            said = await human("reclaim")
+            assert f"removed {socket} (worker-socket)" in said
+            assert os.listdir(runtime_dir) == []
+            assert "nothing to remove" in await human("reclaim")
+        finally:
+            await stop([child])
+
+
+async def test_reclaim_never_touches_a_live_owner_even_a_stopped_one(namespace: str,
+                                                                     runtime_dir: Path) -> None:
+    with anyio.fail_after(30):
+        child = await announcer(namespace, 1, "owner")
+        try:
+            (entry,) = os.listdir(runtime_dir)
+            os.kill(child.pid, signal.SIGSTOP)
+            try:
+                reclaimed = await document("reclaim", namespace)
+                assert (reclaimed["state"], reclaimed["removed"]) == ("live", [])
+                said = await human("reclaim", namespace)
+                assert f"{namespace} is live (owner pid {child.pid}): left alone" in said
+                assert (await document("reclaim"))["removed"] == []
+                assert os.listdir(runtime_dir) == [entry]
+            finally:
+                os.kill(child.pid, signal.SIGCONT)
+        finally:
+            await stop([child])
+
+
+def test_an_unknown_namespace_is_exit_1(namespace: str) -> None:
+    for command in (["show", namespace], ["reclaim", namespace], ["watch", namespace],
+                    ["show", namespace, "--json"]):
+        result = run(*command)
+        assert result.returncode == 1, command
+        assert result.stdout == ""
+        assert namespace in result.stderr and "Traceback" not in result.stderr
+
+
+# -- watch ---------------------------------------------------------------------------------------
+
+
+async def watching(*args: str, runtime_dir: str | None = None) -> Child:
+    process = await anyio.open_process([sys.executable, "-m", "anywool.cli", "watch", *args],
+                                       cwd=REPO, env=_environment(runtime_dir),
+                                       stderr=subprocess.PIPE)
+    return Child(process)
+
+
+async def test_watch_json_follows_workers_until_sigint(namespace: str, runtime_dir: Path,
+                                                        tmp_path: Path,
+                                                        anyio_backend: str) -> None:
+    first, second = worker(tags={"b", "a"}), worker()
+    with anyio.fail_after(30):
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            await publisher.publish("worker-added", first)
+            # The option, not the environment, says where to look (for the subscription too).
+            child = await watching(namespace, "--json", "--backend", anyio_backend,
+                                   "--runtime-dir", str(runtime_dir),
+                                   runtime_dir=str(tmp_path / "elsewhere"))
+            try:
+                line = json.loads(await child.readline())
+                assert set(line) == {"type", "time", "worker"}
+                assert set(line["worker"]) == WORKER_KEYS
+                assert (line["type"], line["worker"]["uid"], line["worker"]["tags"]) == \
+                    ("worker-added", str(first.uid), ["a", "b"])
+                assert isinstance(line["time"], float)
+                await publisher.publish("worker-added", second)
+                line = json.loads(await child.readline())
+                assert (line["type"], line["worker"]["uid"]) == ("worker-added", str(second.uid))
+                await publisher.publish("worker-dropped", first)
+                line = json.loads(await child.readline())
+                assert (line["type"], line["worker"]["uid"]) == ("worker-dropped", str(first.uid))
+                child.process.send_signal(signal.SIGINT)
+                assert await child.wait() == 0
+                assert await child.read_stderr() == b""
+            finally:
+                await stop([child])
+    assert not (tmp_path / "elsewhere").exists()
+
+
+async def test_watch_off_a_terminal_prints_a_line_per_event_until_sigterm(
+        namespace: str) -> None:
+    metadata = worker(tags={"gpu"})
+    with anyio.fail_after(30):
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            await publisher.publish("worker-added", metadata)
+            child = await watching(namespace)
+            try:
+                fields = (await child.readline()).split()
+                assert fields[1:] == ["worker-added", str(metadata.uid), metadata.address,
+                                      "pid", str(os.getpid()), "tags", "gpu"]
+                child.process.send_signal(signal.SIGTERM)
+                assert await child.wait() == 0
+                assert await child.read_stderr() == b""
+            finally:
+                await stop([child])
+
+
+# -- usage ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def symlink(tmp_path: Path, runtime_dir: Path) -> str:
+    path = tmp_path / "link"
+    path.symlink_to(runtime_dir)
+    return str(path)
+
+
+@pytest.mark.parametrize("args, environment, message", [
+    (["ls", "--bogus"], None, "No such option"),
+    (["ls", "--runtime-dir", "relative/dir"], None, "'--runtime-dir': must be an absolute path"),
+    (["show", "x", "--runtime-dir", "SYMLINK"], None, "'--runtime-dir': refusing"),
+    (["reclaim"], "relative/dir", "ANYWOOL_RUNTIME_DIR must be an absolute path"),
+    (["watch"], None, "Missing argument"),
+])
+def test_usage_errors_are_exit_2(args: list[str], environment: str | None, message: str,
+                                 symlink: str) -> None:
+    result = run(*[symlink if arg == "SYMLINK" else arg for arg in args],
+                 runtime_dir=environment)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_the_runtime_dir_option_overrides_the_environment(namespace: str, runtime_dir: Path,
+                                                          tmp_path: Path) -> None:
+    claim = _claim.claim(namespace, capacity=4, block_size=256)
+    try:
+        empty = tmp_path / "empty"
+        empty.mkdir(mode=0o700)
+        result = run("ls", "--json", "--runtime-dir", str(runtime_dir), runtime_dir=str(empty))
+        assert [ns["name"] for ns in json.loads(result.stdout)["namespaces"]] == [namespace]
+        result = run("show", namespace, "--runtime-dir", str(empty))
+        assert result.returncode == 1 and str(empty) in result.stderr
+    finally:
+        claim.release()
