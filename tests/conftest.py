@@ -1,10 +1,15 @@
-"""Shared fixtures: both AnyIO backends and the after-every-test checks of DESIGN §9.
+"""Shared fixtures: the after-every-test checks of DESIGN §9.
+
+Both AnyIO backends come from anywool's own pytest plugin (``anywool.testing``): the
+``anywool_backends`` ini option in pyproject.toml makes it provide a module-scoped
+``anyio_backend`` over asyncio and trio.
 
 After every test (and after every function-scoped fixture it used has been torn down):
 
 * no child process of the test process is alive, nor exited but unreaped (a zombie);
 * no thread started by the test is still running (idle event-loop pool threads excepted);
-* the private runtime directory is empty.
+* the private runtime directory is empty (the plugin's ``anywool_runtime_dir``, which this
+  suite uses for every test under the name ``runtime_dir``).
 
 Teardown order. The three checks are autouse fixtures chained by dependency,
 ``_no_leaked_children -> _no_stray_threads -> runtime_dir``, so they are set up in the order
@@ -16,8 +21,8 @@ the reverse order, *after* all of them:
    children or remove its files; once it is gone (or killed as a leak) nothing writes any more.
 2. ``_no_stray_threads`` next: killing a leaked child also ends the asyncio watcher thread that
    waits for it (``asyncio-waitpid-N``), which would otherwise be reported a second time.
-3. ``runtime_dir`` last: it inspects the directory only once no process or thread of the test
-   can still write into it.
+3. ``runtime_dir`` last (``anywool_runtime_dir`` under it): it inspects the directory only
+   once no process or thread of the test can still write into it.
 
 Each grace period polls (short, growing intervals) only while something is still there: a
 clean test costs one ``children()`` scan and one ``threading.enumerate()``.
@@ -26,27 +31,22 @@ clean test costs one ``children()`` scan and one ``threading.enumerate()``.
 from __future__ import annotations
 
 import contextlib
-import math
-import os
 import re
 import sys
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import thread as _cf_thread
 from pathlib import Path
 from types import FrameType
-from typing import TypeVar
 
 import psutil
 import pytest
 from anyio._backends import _asyncio as _anyio_asyncio
 
-_T = TypeVar("_T")
-
-#: Seconds a child process or a thread gets to finish exiting after the test.
-GRACE = 5.0
+# The plugin's bounded grace: GRACE seconds, polled with growing intervals while something is
+# still there.
+from anywool.testing._settle import GRACE, settle
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -56,36 +56,13 @@ def pytest_configure(config: pytest.Config) -> None:
     netns.enter()
 
 
-@pytest.fixture(scope="module", params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return request.param
-
-
 @pytest.fixture(autouse=True)
-def runtime_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    # A short path: worker Unix sockets live here and sun_path holds about 107 bytes. On a
-    # memory file system where there is one, as the default runtime directory is, so that the
-    # in-loop fast paths run; tests that need a disk-backed one say so (``on_disk``).
-    base = Path("/dev/shm") if os.path.isdir("/dev/shm") else Path("/tmp")
-    path = base / f"aw-{uuid.uuid4().hex[:10]}"
-    path.mkdir(mode=0o700)
-    monkeypatch.setenv("ANYWOOL_RUNTIME_DIR", str(path))
-    yield path
-    leftovers = sorted(p.name for p in path.iterdir())
-    for child in path.iterdir():
-        _remove(child)
-    path.rmdir()
-    assert leftovers == [], f"runtime directory not empty after the test: {leftovers}"
-
-
-@pytest.fixture(autouse=True)
-def _first_claim_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A process sweeps its runtime directory at most every SWEEP_INTERVAL seconds: each test
-    # starts afresh, so that what it expects of "the next claim" does not depend on the tests
-    # that ran before it in the same process.
-    from anywool.discovery.local import _claim
-
-    monkeypatch.setattr(_claim, "_last_sweep", -math.inf)
+def runtime_dir(anywool_runtime_dir: Path) -> Path:
+    # The plugin's private runtime directory, for every test: short (worker sockets live
+    # there), on a memory file system where there is one (so that the in-loop fast paths run;
+    # tests that need a disk-backed one patch ``in_memory``), each test's first claim sweeping,
+    # and checked empty afterwards.
+    return anywool_runtime_dir
 
 
 @pytest.fixture(autouse=True)
@@ -100,33 +77,6 @@ def _close_followed_streams() -> Iterator[None]:
 @pytest.fixture
 def namespace() -> str:
     return f"test-{uuid.uuid4().hex}"
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        for child in path.iterdir():
-            _remove(child)
-        path.rmdir()
-    else:
-        path.unlink()
-
-
-def _settle(probe: Callable[[], list[_T]], grace: float = GRACE) -> list[_T]:
-    """``probe()`` until it returns nothing or ``grace`` seconds have passed; the last result.
-
-    Polls with short, growing intervals, and only while something is still there.
-    """
-    deadline = time.monotonic() + grace
-    interval = 0.001
-    while True:
-        found = probe()
-        if not found:
-            return found
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return found
-        time.sleep(min(interval, remaining))
-        interval = min(interval * 2, 0.05)
 
 
 # -- child processes ---------------------------------------------------------------------------
@@ -166,7 +116,7 @@ def _kill_and_reap(processes: list[psutil.Process]) -> None:
 def _no_leaked_children(_no_stray_threads: None) -> Iterator[None]:
     """After the test: no descendant process, alive or zombie (DESIGN §9)."""
     yield
-    leaked = _settle(_children)
+    leaked = settle(_children)
     if not leaked:
         return
     running, zombies = [], []
@@ -268,7 +218,7 @@ def _no_stray_threads(runtime_dir: Path) -> Iterator[None]:
     before = {thread: _is_idle_pool_thread(thread, frames) for thread in threading.enumerate()}
     del frames
     yield
-    stray = _settle(lambda: _stray_threads(before))
+    stray = settle(lambda: _stray_threads(before))
     if stray:
         lines = [f"{len(stray)} thread(s) started by the test still running after {GRACE:.0f} s of grace:"]
         lines += [f"  {_describe_thread(thread)}" for thread in stray]

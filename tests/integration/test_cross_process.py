@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from contextlib import aclosing
@@ -14,6 +13,7 @@ import pytest
 
 from anywool import DiscoveryNamespaceInUse, DiscoveryNamespaceNotFound, LocalDiscovery, WorkerPool
 from anywool.discovery.local import _claim
+from anywool.testing import owner_process, suspended
 
 from ..helpers import follow, take, worker
 from .children import start, start_detached, stop
@@ -194,23 +194,16 @@ async def test_sigkilled_owner_is_reclaimed_by_successor(namespace, runtime_dir,
 
 async def test_stopped_owner_is_never_reclaimed(namespace):
     with anyio.fail_after(20):
-        child = await start(OWNER, namespace)
-        try:
-            assert (await child.readline()).split()[0] == "owner"
-            os.kill(child.pid, signal.SIGSTOP)
-            try:
+        async with owner_process(namespace) as owner:
+            with suspended(owner.pid):
                 for _ in range(3):
                     with pytest.raises(DiscoveryNamespaceInUse) as info:
                         async with LocalDiscovery(namespace):
                             pass
-                    assert info.value.owner_pid == child.pid
+                    assert info.value.owner_pid == owner.pid
                 with pytest.raises(DiscoveryNamespaceInUse):
                     async with LocalDiscovery(namespace, reclaim=False):
                         pass
-            finally:
-                os.kill(child.pid, signal.SIGCONT)
-        finally:
-            await stop([child])
 
 
 async def test_sigkilled_publishers_workers_are_reaped(namespace):

@@ -43,7 +43,10 @@ class FirstThatTakesIt:
 
 
 def test_lowlevel_exposes_exactly_its_all():
-    public = {name for name in vars(anywool.lowlevel) if not name.startswith("_")}
+    # Not identifiers: what pytest's assertion rewriting adds ("@py_builtins", "@pytest_ar"),
+    # which covers every module of anywool since anywool ships a pytest plugin.
+    public = {name for name in vars(anywool.lowlevel)
+              if name.isidentifier() and not name.startswith("_")}
     assert public == set(anywool.lowlevel.__all__)
 
 

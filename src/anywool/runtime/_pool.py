@@ -251,6 +251,10 @@ class WorkerPool(SingleUse):
         """The workers this pool spawned and that are running now (empty when it spawns none)."""
         return list(self._workers)
 
+    def _adopted(self, worker: LocalWorker) -> None:
+        """Called with each worker the pool starts, its first ones and every replacement, once
+        its process is up (for subclasses that keep a record, as ``anywool.testing``'s does)."""
+
     @property
     def discovery(self) -> Any:
         """What ``discovery`` resolved to on entry (a DiscoveryLike or a bare subscriber).
@@ -408,6 +412,7 @@ class WorkerPool(SingleUse):
                     self._own.add(worker.metadata.uid)
                     self._own_changed()
                     self._workers.append(worker)
+                    self._adopted(worker)
                     try:
                         if started:
                             await self._announce(worker, "worker-added")

@@ -1,0 +1,200 @@
+"""Faults a test can inject into anywool on purpose: a dead worker, a stopped process, a
+registry lock that someone holds.
+
+Each helper does one thing to the system as it is, through the same paths anywool uses, and
+undoes what can be undone when its block ends. What this module must never do: leave a process
+stopped or a lock held after its block, or create a file in the runtime directory.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.to_thread
+
+from anywool.testing._processes import can_see_states, identify, signal_process, state
+
+if TYPE_CHECKING:
+    from anywool.discovery.local._binding import Binding
+    from anywool.runtime._pool import WorkerPool
+
+
+def kill_worker(pool: WorkerPool, sig: int = signal.SIGKILL) -> int:
+    """Send ``sig`` to one of the worker processes ``pool`` spawned and runs now.
+
+    The worker is the first of :attr:`~anywool.WorkerPool.workers`. Returns as soon as the
+    signal is sent; what follows is the pool's doing: a worker that dies is withdrawn from
+    discovery and replaced, and the calls in flight on it raise
+    :class:`~anywool.errors.WorkerError`.
+
+    :param pool: an entered pool that spawns workers.
+    :param sig: the signal number (default ``SIGKILL``; the worker treats ``SIGTERM`` as a
+        request to stop, cancelling its calls).
+    :returns: the pid that was signalled.
+    :raises ValueError: the pool runs no spawned worker now (it is not entered, has exited,
+        spawns none, or gave up every slot); the message names the pool.
+    :raises ProcessLookupError: the worker exited meanwhile, before the pool noticed.
+    """
+    workers = pool.workers
+    if not workers:
+        raise ValueError(f"{pool!r} runs no spawned worker to signal (is it entered, and does "
+                         "it spawn workers?)")
+    pid = workers[0].pid
+    os.kill(pid, sig)
+    return pid
+
+
+@contextmanager
+def suspended(pid: int, *, timeout: float = 5.0) -> Iterator[None]:
+    """Stop the process ``pid`` (SIGSTOP) for the duration of the ``with`` block.
+
+    Meant for a namespace owner or a worker in another process: a stopped process keeps its
+    kernel locks and its sockets, so it looks alive but answers nothing. On entry it waits
+    (polling, at most ``timeout`` seconds) until the kernel reports the process stopped (where
+    ``/proc`` tells; elsewhere it does not wait). On exit, also when the block raises or is
+    cancelled, it continues the process (SIGCONT) unless it died meanwhile.
+
+    :param pid: a process of the same user.
+    :param timeout: seconds (≥ 0) to wait for the process to stop.
+    :raises ValueError: ``timeout`` is negative.
+    :raises ProcessLookupError: there is no such process (nothing was signalled).
+    :raises TimeoutError: the process did not stop within ``timeout`` seconds (it was
+        continued before this is raised).
+
+    Blocking: entry polls in the calling thread, for the moment the kernel needs to stop the
+    process (normally well under a millisecond).
+    """
+    if timeout < 0:
+        raise ValueError(f"timeout must be ≥ 0, got {timeout!r}")
+    process = identify(pid)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + timeout
+        interval = 0.0005
+        while can_see_states() and state(process) == "running":
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"pid {pid} did not stop within {timeout} s of SIGSTOP")
+            time.sleep(min(interval, remaining))
+            interval = min(interval * 2, 0.02)
+        yield
+    finally:
+        signal_process(process, signal.SIGCONT)
+
+
+class RegistryLock:
+    """A hold on a namespace registry's file lock; see :func:`hold_registry_lock`.
+
+    A context manager, sync (``with``) or async (``async with``), entered once at a time.
+    """
+
+    def __init__(self, namespace: str, *, shared: bool, timeout: float | None) -> None:
+        if not isinstance(namespace, str):
+            raise TypeError(f"namespace must be a str, got {namespace!r}")
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be ≥ 0 or None, got {timeout!r}")
+        self.namespace = namespace
+        self.shared = shared
+        self._operation = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        self._timeout = timeout
+        self._binding: Binding | None = None
+
+    def _describe(self) -> str:
+        return f"discovery namespace {self.namespace!r}"
+
+    def _bind(self) -> Binding:
+        if self._binding is not None:
+            raise RuntimeError(f"the registry lock of {self.namespace!r} is already held "
+                               "by this object")
+        from anywool.discovery.local._binding import bind
+
+        return bind(self.namespace)
+
+    def __enter__(self) -> RegistryLock:
+        from anywool.discovery.local._flock import lock_with_backoff
+
+        binding = self._bind()
+        try:
+            lock_with_backoff(binding.registry_fd, self._operation, timeout=self._timeout,
+                              describe=self._describe)
+        except BaseException:
+            binding.close()
+            raise
+        self._binding = binding
+        return self
+
+    async def __aenter__(self) -> RegistryLock:
+        from anywool.discovery.local._flock import try_lock
+
+        binding = await anyio.to_thread.run_sync(self._bind)
+        try:
+            delay = 0.001
+            with anyio.move_on_after(float("inf") if self._timeout is None else self._timeout):
+                while not try_lock(binding.registry_fd, self._operation):
+                    await anyio.sleep(delay)
+                    delay = min(delay * 2, 0.02)
+                self._binding, binding = binding, None
+                return self
+            raise TimeoutError(f"{self._describe()}: lock not acquired within "
+                               f"{self._timeout} s")
+        finally:
+            if binding is not None:
+                binding.close()
+
+    def release(self) -> None:
+        """Release the lock now (idempotent); the block's end does the same."""
+        binding, self._binding = self._binding, None
+        if binding is not None:
+            from anywool.discovery.local._flock import unlock
+
+            try:
+                unlock(binding.registry_fd)
+            finally:
+                binding.close()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self.release()
+
+
+def hold_registry_lock(namespace: str, *, shared: bool = False,
+                       timeout: float | None = 5.0) -> RegistryLock:
+    """Hold the file lock of ``namespace``'s registry for the duration of a ``with`` block.
+
+    This is the lock every publish, reap and snapshot of the namespace takes: held exclusively
+    (the default), every publish waits and raises ``TimeoutError`` after its ``lock_timeout``;
+    held shared, reads go on and writes wait. The registry is the live generation's, found
+    through anywool's own path code and opened without creating anything. flock belongs to an
+    open file description, so the lock excludes anywool's own descriptors in this very process
+    as well as other processes.
+
+    ``with hold_registry_lock(ns):`` polls for the lock in the calling thread;
+    ``async with hold_registry_lock(ns):`` polls from the event loop, which goes on meanwhile.
+
+    :param namespace: a namespace with a live owner.
+    :param shared: take ``LOCK_SH`` instead of ``LOCK_EX``.
+    :param timeout: seconds (≥ 0) to wait for the lock, polled with backoff (``None``:
+        forever).
+    :raises DiscoveryNamespaceNotFound: no live owner holds the namespace (on entry).
+    :raises DiscoveryRegistryCorrupt: its registry does not read as one (on entry).
+    :raises TimeoutError: the lock was not acquired within ``timeout`` seconds; the message
+        names the namespace (on entry).
+    :raises RuntimeError: the returned object is entered while it holds the lock.
+
+    Cancellation (``async with``): the wait for the lock is cancellable and leaves nothing
+    held. Exiting the namespace's owner while the lock is held makes the owner's exit wait its
+    ``teardown_timeout`` for it.
+    """
+    return RegistryLock(namespace, shared=shared, timeout=timeout)
