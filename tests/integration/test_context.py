@@ -8,7 +8,8 @@ import anyio
 import pytest
 
 import anywool
-from anywool import SerializationError, WorkerPool, routine
+from anywool import SerializationError, routine
+from anywool.testing import WorkerPoolFactory
 from anywool.lowlevel import WorkerConnection
 
 pytestmark = pytest.mark.anyio
@@ -67,9 +68,9 @@ async def leak_a_lock() -> None:
     TRAIL.set(threading.Lock())  # cannot travel back
 
 
-async def test_the_callers_values_reach_the_routine_and_its_nested_calls() -> None:
+async def test_the_callers_values_reach_the_routine_and_its_nested_calls(worker_pool: WorkerPoolFactory) -> None:
     with anyio.fail_after(60):
-        async with WorkerPool(spawn=2):
+        async with worker_pool(spawn=2):
             assert await read_request() == "none"  # nothing set: the default
             token = REQUEST.set("r-17")
             assert await read_request() == "r-17"
@@ -78,9 +79,9 @@ async def test_the_callers_values_reach_the_routine_and_its_nested_calls() -> No
             assert await read_request() == "none"
 
 
-async def test_what_the_routine_sets_is_set_in_the_caller_after_the_await() -> None:
+async def test_what_the_routine_sets_is_set_in_the_caller_after_the_await(worker_pool: WorkerPoolFactory) -> None:
     with anyio.fail_after(60):
-        async with WorkerPool(spawn=2):
+        async with worker_pool(spawn=2):
             assert TRAIL.get() == ()
             await mark("first")
             await mark("second")
@@ -92,9 +93,9 @@ async def test_what_the_routine_sets_is_set_in_the_caller_after_the_await() -> N
             assert TRAIL.get()[-1] == "failing"  # as after a local await that raised
 
 
-async def test_values_travel_at_every_step_of_an_async_generator() -> None:
+async def test_values_travel_at_every_step_of_an_async_generator(worker_pool: WorkerPoolFactory) -> None:
     with anyio.fail_after(60):
-        async with WorkerPool(spawn=1):
+        async with worker_pool(spawn=1):
             REQUEST.set("before")
             agen = stepwise(3)
             assert await agen.__anext__() == "before"
@@ -107,9 +108,9 @@ async def test_values_travel_at_every_step_of_an_async_generator() -> None:
             await agen.aclose()
 
 
-async def test_a_value_that_cannot_be_pickled_fails_the_call_naming_the_variable() -> None:
+async def test_a_value_that_cannot_be_pickled_fails_the_call_naming_the_variable(worker_pool: WorkerPoolFactory) -> None:
     with anyio.fail_after(60):
-        async with WorkerPool(spawn=1):
+        async with worker_pool(spawn=1):
             token = REQUEST.set(threading.Lock())  # type: ignore[arg-type]
             with pytest.raises(TypeError, match="context variable 'tests.integration.context."
                                                 "request'") as info:
@@ -120,9 +121,9 @@ async def test_a_value_that_cannot_be_pickled_fails_the_call_naming_the_variable
             assert await read_request() == "none"  # nothing was sent; the pool goes on
 
 
-async def test_a_change_that_cannot_travel_back_fails_the_call_naming_the_variable() -> None:
+async def test_a_change_that_cannot_travel_back_fails_the_call_naming_the_variable(worker_pool: WorkerPoolFactory) -> None:
     with anyio.fail_after(60):
-        async with WorkerPool(spawn=1):
+        async with worker_pool(spawn=1):
             with pytest.raises(SerializationError, match="trail") as info:
                 await leak_a_lock()
             assert "on worker" in str(info.value)

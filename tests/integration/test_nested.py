@@ -11,6 +11,7 @@ import pytest
 import anywool
 from anywool import WorkerPool, routine
 from anywool.lowlevel import WorkerConnection, discovery_stats
+from anywool.testing import WorkerPoolFactory
 
 from ..helpers import Signal, wait_until
 from .routines import countdown
@@ -83,9 +84,9 @@ async def attached_subscriptions() -> int:
     return sum(source.consumers for source in discovery_stats())
 
 
-async def test_a_routine_calls_routines_three_levels_deep() -> None:
+async def test_a_routine_calls_routines_three_levels_deep(worker_pool: WorkerPoolFactory) -> None:
     with anyio.fail_after(60):
-        async with WorkerPool(spawn=2):
+        async with worker_pool(spawn=2):
             levels = await descend(3)
     assert len(levels) == 3
     assert levels[0][2] is None  # the top call was made outside any routine
@@ -93,9 +94,9 @@ async def test_a_routine_calls_routines_three_levels_deep() -> None:
         assert lower[2] == upper[1]  # each level knows the call it was made from
 
 
-async def test_sixteen_nested_calls_spread_over_both_workers() -> None:
+async def test_sixteen_nested_calls_spread_over_both_workers(worker_pool: WorkerPoolFactory) -> None:
     with anyio.fail_after(60):
-        async with WorkerPool(spawn=2) as pool:
+        async with worker_pool(spawn=2) as pool:
             here, pids = await fan_out(16)
             workers = {worker.pid for worker in pool.workers}
     assert len(pids) == 16 and set(pids) <= workers
@@ -103,15 +104,15 @@ async def test_sixteen_nested_calls_spread_over_both_workers() -> None:
     assert here in workers
 
 
-async def test_a_nested_async_generator_streams_its_items() -> None:
+async def test_a_nested_async_generator_streams_its_items(worker_pool: WorkerPoolFactory) -> None:
     with anyio.fail_after(60):
-        async with WorkerPool(spawn=2):
+        async with worker_pool(spawn=2):
             assert await streams_below(3) == [3, 2, 1]
 
 
-async def test_cancelling_the_outermost_call_cancels_the_whole_tree(tmp_path: Path) -> None:
+async def test_cancelling_the_outermost_call_cancels_the_whole_tree(tmp_path: Path, worker_pool: WorkerPoolFactory) -> None:
     with anyio.fail_after(60):
-        async with WorkerPool(spawn=2), Signal() as started:
+        async with worker_pool(spawn=2), Signal() as started:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(deep_hold, 3, started.port, str(tmp_path))
                 await started.started()
@@ -121,18 +122,18 @@ async def test_cancelling_the_outermost_call_cancels_the_whole_tree(tmp_path: Pa
                 "finally-1", "finally-2", "finally-3"]
 
 
-async def test_nested_calls_inherit_what_remains_of_the_deadline() -> None:
+async def test_nested_calls_inherit_what_remains_of_the_deadline(worker_pool: WorkerPoolFactory) -> None:
     with anyio.fail_after(60):
-        async with WorkerPool(spawn=1):
+        async with worker_pool(spawn=1):
             with anyio.move_on_after(5):
                 here, below = await seconds_left_here_and_below()
     assert 0 < below <= here <= 5
 
 
-async def test_a_workers_nested_proxy_is_closed_after_disuse(monkeypatch) -> None:
+async def test_a_workers_nested_proxy_is_closed_after_disuse(monkeypatch, worker_pool: WorkerPoolFactory) -> None:
     monkeypatch.setenv("ANYWOOL_PROXY_IDLE_TIMEOUT", "0.5")
     with anyio.fail_after(60):
-        async with WorkerPool(spawn=1):
+        async with worker_pool(spawn=1):
             assert await attached_subscriptions() == 0  # a plain call opens no proxy
             assert len(await descend(2)) == 2
             assert await attached_subscriptions() == 1  # the proxy follows the namespace
@@ -186,12 +187,11 @@ async def test_a_call_cancelled_before_it_is_sent_ends_at_once() -> None:
             assert await connection.call(pid_of_worker.__wrapped__, (), {}) == worker.pid
 
 
-async def test_a_tree_cancelled_at_any_moment_has_run_every_started_finally(
-        tmp_path: Path) -> None:
+async def test_a_tree_cancelled_at_any_moment_has_run_every_started_finally(tmp_path: Path, worker_pool: WorkerPoolFactory) -> None:
     # Cancelled at a spread of moments: before the first call is sent, while levels start, once
     # all run. Whatever had started has unwound when the cancellation reaches the caller.
     with anyio.fail_after(120):
-        async with WorkerPool(spawn=2):
+        async with worker_pool(spawn=2):
             for step in range(12):
                 directory = tmp_path / str(step)
                 directory.mkdir()
@@ -308,11 +308,11 @@ async def raise_below(depth: int) -> None:
     await raise_below(depth - 1)
 
 
-async def test_an_exception_from_deep_down_a_tree_keeps_its_type() -> None:
+async def test_an_exception_from_deep_down_a_tree_keeps_its_type(worker_pool: WorkerPoolFactory) -> None:
     # Each level adds its frames to the traceback: past a few hundred, pickling it failed and
     # the exception arrived as a RuntimeError naming it.
     with anyio.fail_after(120):
-        async with WorkerPool(spawn=2):
+        async with worker_pool(spawn=2):
             with pytest.raises(KeyError, match="deep") as info:
                 await raise_below(45)
     assert any("shortened" in note for note in info.value.__notes__)
