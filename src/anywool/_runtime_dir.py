@@ -22,11 +22,14 @@ def runtime_dir(create: bool = True) -> Path:
     ``$ANYWOOL_RUNTIME_DIR`` when set, else ``/dev/shm/anywool-<uid>`` where ``/dev/shm`` is a
     directory, else ``<tempdir>/anywool-<uid>``.
 
-    An existing directory of ours that others may read is narrowed to ``0700``; one that others
-    may write to (``0o022`` bits, e.g. mode ``0777``) is refused, since anyone could have
+    An existing directory of ours that others may read is narrowed to ``0700`` when ``create``
+    is true (by those that write in it); readers leave its mode as it is. One that others may
+    write to (``0o022`` bits, e.g. mode ``0777``) is refused either way, since anyone could have
     planted files in it.
 
-    :param create: create the directory when it does not exist.
+    :param create: create the directory when it does not exist, and narrow its mode: true for
+        writers (claims, workers), false for readers (borrowers, ``anywool ls``), which change
+        nothing.
     :raises ValueError: ``$ANYWOOL_RUNTIME_DIR`` is a relative path (it would name a different
         directory for every working directory, and worker socket addresses must be absolute).
     :raises PermissionError: the path is a symlink, not a directory, owned by another user, or
@@ -62,7 +65,7 @@ def runtime_dir(create: bool = True) -> Path:
         raise PermissionError(
             f"refusing runtime directory {path}: writable by others (mode {mode:o}); "
             "make it 0700 or point ANYWOOL_RUNTIME_DIR elsewhere")
-    if mode & 0o077:
+    if mode & 0o077 and create:
         os.chmod(path, 0o700)
     return path
 

@@ -127,6 +127,21 @@ async def test_suspended_continues_the_process_when_its_block_raises(namespace: 
         assert owner.returncode == 0
 
 
+def test_suspended_blocks_nest_and_only_the_outermost_continues() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        with suspended(child.pid):
+            with suspended(child.pid):
+                assert _stopped(child.pid)
+            assert _stopped(child.pid)  # still the outer block's
+        assert not _stopped(child.pid)
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        assert child.wait(30) == 0
+
+
 def test_suspended_raises_for_a_process_that_is_gone() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait(30)

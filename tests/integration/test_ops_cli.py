@@ -297,6 +297,90 @@ async def test_watch_off_a_terminal_prints_a_line_per_event_until_sigterm(
                 await stop([child])
 
 
+async def test_watch_ends_when_its_reader_goes_even_in_a_quiet_namespace(
+        namespace: str, anyio_backend: str) -> None:
+    # `anywool watch NS | head -1`: nothing more is published after the first line, so no
+    # write would ever fail; the watch must notice the reader is gone all the same.
+    with anyio.fail_after(30):
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            await publisher.publish("worker-added", worker())
+            # A plain pipe the test can close for real (a subprocess's stdout under asyncio
+            # stays open in its transport).
+            child = subprocess.Popen(
+                [sys.executable, "-m", "anywool.cli", "watch", namespace, "--json",
+                 "--backend", anyio_backend], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                cwd=REPO, env=_environment())
+            try:
+                assert child.stdout is not None and child.stderr is not None
+                line = await anyio.to_thread.run_sync(child.stdout.readline)
+                assert json.loads(line)["type"] == "worker-added"
+                child.stdout.close()
+                assert await anyio.to_thread.run_sync(child.wait, 20) == 0
+                assert child.stderr.read() == b""
+            finally:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait(10)
+                child.stderr.close()
+
+
+def test_a_signal_before_the_watch_follows_stops_it(namespace: str,
+                                                    anyio_backend: str) -> None:
+    # A signal noted while the command starts (before the event loop's receiver is open) is
+    # honoured as soon as it is: the watch ends at once, without reading the namespace.
+    from anywool.cli import _watch_command
+
+    _watch_command._noted.append(signal.SIGINT)
+    try:
+        view = _watch_command._JsonLines()
+        assert anyio.run(_watch_command._follow, namespace, view, backend=anyio_backend) is None
+    finally:
+        _watch_command._noted.clear()
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(namespace: str) -> None:
+    claim = _claim.claim(namespace, capacity=4, block_size=256)
+    try:
+        read, write = os.pipe()
+        os.close(read)  # nobody will ever read: the first write fails
+        try:
+            result = subprocess.run([sys.executable, "-m", "anywool.cli", "show", namespace],
+                                    stdout=write, stderr=subprocess.PIPE, text=True,
+                                    timeout=30, cwd=REPO, env=_environment())
+        finally:
+            os.close(write)
+        assert (result.returncode, result.stderr) == (0, "")
+    finally:
+        claim.release()
+
+
+def test_readers_leave_the_runtime_directory_as_they_find_it(runtime_dir: Path,
+                                                             namespace: str) -> None:
+    claim = _claim.claim(namespace, capacity=4, block_size=256)
+    try:
+        runtime_dir.chmod(0o750)  # readable by the group: the user's choice, not ours to undo
+        for args in (["ls"], ["show", namespace], ["reclaim", namespace]):
+            assert run(*args).returncode == 0
+            assert runtime_dir.stat().st_mode & 0o777 == 0o750
+    finally:
+        runtime_dir.chmod(0o700)
+        claim.release()
+
+
+def test_names_and_paths_are_shown_escaped_and_visible(runtime_dir: Path) -> None:
+    claim = _claim.claim("", capacity=4, block_size=256)
+    try:
+        listed = run("ls").stdout.splitlines()
+        assert any(line.startswith("''") for line in listed), listed  # the empty name
+    finally:
+        claim.release()
+    odd = str(runtime_dir / "a\nb\x1b[31mred")
+    result = run("ls", "--runtime-dir", odd)
+    assert result.returncode == 0
+    assert "\x1b" not in result.stdout and "\\x1b" in result.stdout
+    assert "\n" not in result.stdout.rstrip("\n")
+
+
 # -- usage ---------------------------------------------------------------------------------------
 
 
@@ -313,11 +397,19 @@ def symlink(tmp_path: Path, runtime_dir: Path) -> str:
     (["show", "x", "--runtime-dir", "SYMLINK"], None, "'--runtime-dir': refusing"),
     (["reclaim"], "relative/dir", "ANYWOOL_RUNTIME_DIR must be an absolute path"),
     (["watch"], None, "Missing argument"),
+    (["ls", "--runtime-dir", "FILE/x"], None, "'--runtime-dir': [Errno 20] Not a directory"),
+    (["ls"], "FILE/x", "Not a directory"),
 ])
 def test_usage_errors_are_exit_2(args: list[str], environment: str | None, message: str,
-                                 symlink: str) -> None:
-    result = run(*[symlink if arg == "SYMLINK" else arg for arg in args],
-                 runtime_dir=environment)
+                                 symlink: str, tmp_path: Path) -> None:
+    file = tmp_path / "file"
+    file.touch()
+
+    def resolve(arg: str) -> str:
+        return symlink if arg == "SYMLINK" else arg.replace("FILE", str(file))
+
+    result = run(*map(resolve, args),
+                 runtime_dir=None if environment is None else resolve(environment))
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
     assert result.stdout == ""

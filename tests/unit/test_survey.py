@@ -192,6 +192,36 @@ def test_a_registry_locked_by_another_open_file_description_is_not_read(
         assert state is not None and state.workers is not None and len(state.workers) == 1
 
 
+def test_the_survey_waits_for_locked_registries_once_in_all(runtime_dir: Path) -> None:
+    # Two registries locked by others: the first takes the whole budget, the second gets one
+    # try, so that N locked namespaces cost lock_timeout, not N times it.
+    names = ["first", "second"]
+    with contextlib.ExitStack() as stack:
+        fds = []
+        for name in names:
+            claim = stack.enter_context(owned(name))
+            fd = os.open(claim.path / "registry", os.O_RDONLY)
+            stack.callback(os.close, fd)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            fds.append(fd)
+        found = _survey.survey(lock_timeout=0.05).namespaces
+        errors = sorted(state.error or "" for state in found)
+        assert len(found) == 2 and all(state.workers is None for state in found)
+        assert sum("for more than" in error for error in errors) == 1, errors
+        assert all("held by another process" in error for error in errors)
+
+
+def test_a_reader_leaves_the_directory_mode_as_it_is(runtime_dir: Path, namespace: str) -> None:
+    with owned(namespace):
+        runtime_dir.chmod(0o750)
+        try:
+            assert _survey.find(namespace) is not None
+            assert [state.name for state in _survey.survey().namespaces] == [namespace]
+            assert runtime_dir.stat().st_mode & 0o777 == 0o750
+        finally:
+            runtime_dir.chmod(0o700)
+
+
 def test_a_colliding_key_is_not_the_namespace(monkeypatch: pytest.MonkeyPatch,
                                               runtime_dir: Path) -> None:
     monkeypatch.setattr(_keys, "KEY_BYTES", 1)  # 256 keys: collisions are easy to find

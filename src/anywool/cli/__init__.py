@@ -15,27 +15,54 @@ Presentation only (click, rich): the work is the library's.
 
 from __future__ import annotations
 
-import click
+import importlib
+import os
+import sys
 
-from anywool.cli._demo_command import demo
-from anywool.cli._ls_command import ls
-from anywool.cli._reclaim_command import reclaim
-from anywool.cli._show_command import show
-from anywool.cli._watch_command import watch
-from anywool.cli._worker_command import worker
+import click
 
 __all__ = ["main"]
 
 
-@click.group()
+class _Commands(click.Group):
+    """The commands, each imported when it is run (or listed): ``anywool ls`` does not pay for
+    the demo's or the worker's imports, and a Ctrl-C while a command loads is click's
+    "Aborted!" rather than a traceback."""
+
+    _where = {
+        "demo": "anywool.cli._demo_command",
+        "worker": "anywool.cli._worker_command",
+        "ls": "anywool.cli._ls_command",
+        "show": "anywool.cli._show_command",
+        "watch": "anywool.cli._watch_command",
+        "reclaim": "anywool.cli._reclaim_command",
+    }
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            # The reader stopped early (``anywool show NS | head -1``): it has what it wanted,
+            # which is not a failure (and status 1 means "not found" here). Python flushes
+            # standard output again at exit: point it at nothing first.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            ctx.exit(0)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self._where)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = self._where.get(cmd_name)
+        if module is None:
+            return None
+        command = getattr(importlib.import_module(module), cmd_name)
+        assert isinstance(command, click.Command)
+        return command
+
+
+@click.group(cls=_Commands)
 @click.version_option(package_name="anywool")
 def main() -> None:
     """anywool: run async routines on worker processes found through discovery."""
-
-
-main.add_command(demo)
-main.add_command(worker)
-main.add_command(ls)
-main.add_command(show)
-main.add_command(watch)
-main.add_command(reclaim)

@@ -26,6 +26,7 @@ from anywool.cli._ops import (
     refused,
     runtime_dir_option,
     runtime_root,
+    where,
     socket_document,
     state_text,
     workers_cell,
@@ -54,12 +55,12 @@ def ls(as_json: bool, runtime_dir: str | None) -> None:
         return
     out = console()
     if not found.exists:
-        out.print(Text(f"no runtime directory at {root}: nothing there"))
+        out.print(Text(f"no runtime directory at {where(root)}: nothing there"))
         return
     if not found.namespaces:
-        out.print(Text(f"no namespaces in {found.root}"))
+        out.print(Text(f"no namespaces in {where(found.root)}"))
     else:
-        table = Table(title=Text(f"namespaces in {found.root}"), title_justify="left",
+        table = Table(title=Text(f"namespaces in {where(found.root)}"), title_justify="left",
                       **TABLE_STYLE)
         table.add_column("namespace", overflow="fold")
         table.add_column("state")

@@ -60,6 +60,7 @@ __all__ = [
     "emit",
     "json_option",
     "label",
+    "name_text",
     "leases_cell",
     "namespace_document",
     "number_cell",
@@ -72,6 +73,7 @@ __all__ = [
     "state_text",
     "swept_document",
     "text",
+    "where",
     "worker_document",
     "workers_cell",
 ]
@@ -112,7 +114,9 @@ def runtime_root(option: str | None) -> tuple[Path, bool]:
     """
     if option is not None:
         os.environ[_runtime_dir.ENV_VAR] = option
-    with refused(option, (ValueError, PermissionError)):
+    # Any other OSError (a path through a file, a loop of symlinks, one too long) is a path
+    # that cannot be a runtime directory: a usage error too.
+    with refused(option, (ValueError, OSError)):
         try:
             return _runtime_dir.runtime_dir(create=False), True
         except FileNotFoundError:
@@ -142,8 +146,16 @@ def emit(document: object) -> None:
     sys.stdout.flush()
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # rich exits with status 1 here; the command group ends such a command quietly with
+        # status 0 instead (1 means "not found").
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def console() -> Console:
-    return Console(highlight=False)
+    return _Console(highlight=False)
 
 
 # -- JSON documents ------------------------------------------------------------------------------
@@ -231,6 +243,19 @@ def text(value: str, style: str = "", limit: int = MAX_SHOWN) -> Text:
     return Text(shown, style=style)
 
 
+def where(path: Path) -> str:
+    """A path as messages and tables show it: control characters escaped, never cut."""
+    return text(str(path), limit=1 << 16).plain
+
+
+def name_text(name: str, style: str = "") -> Text:
+    """A namespace name as a cell: as :func:`text`, quoted when it would not be seen as it is
+    (empty, or with spaces at either end)."""
+    if not name or name.strip() != name:
+        return text(repr(name), style)
+    return text(name, style)
+
+
 def short(hex_digits: str) -> str:
     """A uid's or lease's first 8 hex digits, as tables show them (JSON has them in full)."""
     return hex_digits[:8]
@@ -241,10 +266,10 @@ def label(state: NamespaceState) -> Text:
     dead ``ns-`` generation by its recorded name, else by its entry (dim); a ``dead-`` or
     ``tmp-`` directory by its entry, followed by the name it was a generation of."""
     if state.name is not None and state.entry.startswith("ns-"):
-        return text(state.name, "bold")
+        return name_text(state.name, "bold")
     shown = text(state.entry, "dim")
     if state.name is not None:
-        shown.append_text(Text.assemble(" (", text(state.name), ")"))
+        shown.append_text(Text.assemble(" (", name_text(state.name), ")"))
     return shown
 
 

@@ -25,6 +25,7 @@ from anywool.cli._ops import (
     refused,
     runtime_dir_option,
     runtime_root,
+    where,
     swept_document,
     text,
 )
@@ -53,7 +54,7 @@ def reclaim(namespace: str | None, as_json: bool, runtime_dir: str | None) -> No
             state = _survey.find(namespace) if exists else None
             if state is None:
                 raise click.ClickException(
-                    f"no generation of namespace {namespace!r} in {root}")
+                    f"no generation of namespace {namespace!r} in {where(root)}")
         removed = _survey.reclaim(namespace=namespace) if exists else []
     if as_json:
         emit({"runtime_dir": str(root), "namespace": namespace,
@@ -68,10 +69,10 @@ def reclaim(namespace: str | None, as_json: bool, runtime_dir: str | None) -> No
         line.append(")")
         out.print(line)
     if removed:
-        out.print(Text(f"{len(removed)} removed from {root}"))
+        out.print(Text(f"{len(removed)} removed from {where(root)}"))
     elif state is None:
-        where = root if exists else f"{root} (no runtime directory)"
-        out.print(Text(f"nothing to remove in {where}"))
+        shown = where(root) if exists else f"{where(root)} (no runtime directory)"
+        out.print(Text(f"nothing to remove in {shown}"))
     elif state.state in _HELD:
         holder = f"owner pid {number_cell(state.owner_pid)}" if state.owner_pid is not None \
             and state.state in ("live", "retiring") else "a live process holds it"

@@ -26,6 +26,7 @@ from anywool.cli._ops import (
     refused,
     runtime_dir_option,
     runtime_root,
+    where,
     short,
     state_text,
     text,
@@ -49,7 +50,7 @@ def show(namespace: str, as_json: bool, runtime_dir: str | None) -> None:
     with refused(runtime_dir):
         state = _survey.find(namespace) if exists else None
     if state is None:
-        raise click.ClickException(f"no generation of namespace {namespace!r} in {root}")
+        raise click.ClickException(f"no generation of namespace {namespace!r} in {where(root)}")
     if as_json:
         emit({"runtime_dir": str(root), "namespace": namespace_document(state, workers=True)})
         return

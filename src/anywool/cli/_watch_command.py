@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
+import stat
 import sys
 import threading
 import time
@@ -41,6 +43,7 @@ from anywool.cli._ops import (
     plural,
     runtime_dir_option,
     runtime_root,
+    where,
     short,
     text,
     worker_document,
@@ -68,17 +71,25 @@ def watch(namespace: str, backend: str, as_json: bool, runtime_dir: str | None) 
     root, exists = runtime_root(runtime_dir)
     if not exists:
         raise click.ClickException(
-            f"namespace {namespace!r} has no live owner (no runtime directory at {root})")
+            f"namespace {namespace!r} has no live owner (no runtime directory at {where(root)})")
+    # Until the event loop's receiver takes over, a signal is only noted (and honoured as soon
+    # as it does): one that arrives while the command starts must stop it, and never with a
+    # traceback.
+    for number in _SIGNALS:
+        signal.signal(number, _note_signal)
     out = console()
     view: _View = _JsonLines() if as_json else \
         _LiveTable(namespace, out) if out.is_terminal else _Lines()
-    # Ignored outside the receiver: a signal that arrives as it opens or closes must not end
-    # the command with a traceback.
-    for number in _SIGNALS:
-        signal.signal(number, signal.SIG_IGN)
     failure = anyio.run(partial(_follow, namespace, view), backend=backend)
     if failure is not None:
         raise click.ClickException(failure)
+
+
+_noted: list[int] = []
+
+
+def _note_signal(number: int, _frame: object) -> None:
+    _noted.append(number)
 
 
 async def _follow(namespace: str, view: _View) -> str | None:
@@ -87,8 +98,11 @@ async def _follow(namespace: str, view: _View) -> str | None:
 
     try:
         with anyio.open_signal_receiver(*_SIGNALS) as signals:
+            if _noted:
+                return None  # stopped before it could start
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_cancel_on_signal, signals, tg.cancel_scope)
+                tg.start_soon(_cancel_when_unread, tg.cancel_scope)
                 events = aiter(LocalDiscovery.Subscriber(namespace))
                 try:
                     with view:
@@ -108,8 +122,40 @@ async def _follow(namespace: str, view: _View) -> str | None:
                     tg.cancel_scope.cancel()
     finally:
         for number in _SIGNALS:  # asyncio resets them to the default as the receiver closes
-            signal.signal(number, signal.SIG_IGN)
+            signal.signal(number, _note_signal)
     return None
+
+
+# Seconds between the checks that standard output, a pipe, still has a reader.
+_UNREAD_CHECK = 0.5
+
+
+async def _cancel_when_unread(scope: anyio.CancelScope) -> None:
+    """Cancel ``scope`` once nobody reads standard output any more, when it is a pipe
+    (``anywool watch NS | head -1``).
+
+    A write would say so, but a quiet namespace writes nothing: a pipe whose reader is gone
+    reports an error condition to poll(2) instead, which this checks now and then.
+    """
+    try:
+        fd = sys.stdout.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return
+    except (OSError, ValueError):
+        return
+    poller = select.poll()
+    poller.register(fd, 0)  # no events asked for: POLLERR and POLLHUP are always reported
+    while not poller.poll(0):
+        await anyio.sleep(_UNREAD_CHECK)
+    _silence_stdout()
+    scope.cancel()
+
+
+def _silence_stdout() -> None:
+    # Python flushes standard output again at exit: point it at nothing first.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 async def _cancel_on_signal(signals: AsyncIterator[signal.Signals],
@@ -143,10 +189,7 @@ def _write_line(line: str) -> None:
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
     except BrokenPipeError:
-        # Python flushes standard output again at exit: point it at nothing first.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        _silence_stdout()
         raise _Gone from None
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.to_thread
 
-from anywool.testing._processes import can_see_states, identify, signal_process, state
+from anywool.testing._processes import Identity, can_see_states, identify, signal_process, state
 
 if TYPE_CHECKING:
     from anywool.discovery.local._binding import Binding
@@ -60,7 +60,8 @@ def suspended(pid: int, *, timeout: float = 5.0) -> Iterator[None]:
     kernel locks and its sockets, so it looks alive but answers nothing. On entry it waits
     (polling, at most ``timeout`` seconds) until the kernel reports the process stopped (where
     ``/proc`` tells; elsewhere it does not wait). On exit, also when the block raises or is
-    cancelled, it continues the process (SIGCONT) unless it died meanwhile.
+    cancelled, it continues the process (SIGCONT) unless it died meanwhile. Blocks nest: only
+    the outermost one stops and continues the process.
 
     :param pid: a process of the same user.
     :param timeout: seconds (≥ 0) to wait for the process to stop.
@@ -75,7 +76,16 @@ def suspended(pid: int, *, timeout: float = 5.0) -> Iterator[None]:
     if timeout < 0:
         raise ValueError(f"timeout must be ≥ 0, got {timeout!r}")
     process = identify(pid)
+    if _suspensions.get(process, 0):
+        # Nested: the outermost block stopped it and is the one that continues it.
+        _suspensions[process] += 1
+        try:
+            yield
+        finally:
+            _suspensions[process] -= 1
+        return
     os.kill(pid, signal.SIGSTOP)
+    _suspensions[process] = 1
     try:
         deadline = time.monotonic() + timeout
         interval = 0.0005
@@ -87,7 +97,12 @@ def suspended(pid: int, *, timeout: float = 5.0) -> Iterator[None]:
             interval = min(interval * 2, 0.02)
         yield
     finally:
+        del _suspensions[process]
         signal_process(process, signal.SIGCONT)
+
+
+# How many suspended() blocks hold each process stopped (in this process).
+_suspensions: dict[Identity, int] = {}
 
 
 class RegistryLock:

@@ -133,7 +133,9 @@ def survey(root: Path | None = None, *, lock_timeout: float = 1.0) -> Survey:
 
     :param root: the runtime directory (default: :func:`~anywool._runtime_dir.runtime_dir`,
         never created here).
-    :param lock_timeout: seconds to wait for each registry's lock (a reader's ``LOCK_SH``).
+    :param lock_timeout: seconds to wait, in all, for registry locks (a reader's ``LOCK_SH``):
+        once they are spent, a registry whose lock is held is reported unread (its ``error``
+        says so) after one try.
     :raises ValueError, PermissionError: as :func:`~anywool._runtime_dir.runtime_dir` (a
         relative ``$ANYWOOL_RUNTIME_DIR``, a directory that is not safe to trust).
     """
@@ -146,9 +148,12 @@ def survey(root: Path | None = None, *, lock_timeout: float = 1.0) -> Survey:
         return Survey(root, False, (), ())
     namespaces = []
     sockets = []
+    # One budget for the whole survey: however many registries are locked, the survey waits
+    # lock_timeout at most in all; once it is spent, each lock gets one non-blocking try.
+    deadline = time.monotonic() + lock_timeout
     for name in names:
         if name.startswith(_PREFIXES):
-            state = _read(root / name, lock_timeout)
+            state = _read(root / name, max(0.0, deadline - time.monotonic()))
             if state is not None:
                 namespaces.append(state)
         elif name.startswith("w-"):
@@ -213,7 +218,7 @@ def _root(root: Path | None) -> Path | None:
     if root is not None:
         return root
     try:
-        return runtime_dir(create=False)
+        return runtime_dir(create=False)  # never created, nor its mode changed, by a reader
     except FileNotFoundError:
         return None
 
@@ -324,8 +329,8 @@ def _read(path: Path, lock_timeout: float, expect: bytes | None = None) -> Names
                     changes, view = generation.table.snapshot()
                     slots = generation.table.slots()
             except TimeoutError:
-                error = (f"its registry lock was held by another process for more than "
-                         f"{lock_timeout:g} s")
+                error = ("its registry lock was held by another process" +
+                         (f" for more than {lock_timeout:.2g} s" if lock_timeout else ""))
             except (OSError, ValueError, struct.error) as exc:
                 error = f"registry unreadable: {exc}"
             else:
