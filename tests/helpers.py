@@ -75,6 +75,23 @@ async def wait_until(predicate: Callable[[], bool | Awaitable[bool]], what: str,
     assert await holds(), f"timed out after {timeout} s waiting for {what}"
 
 
+def colliding_names() -> tuple[str, str]:
+    """Two namespace names whose keys collide, with ``_keys.KEY_BYTES`` shrunk to 1 (the caller
+    monkeypatches it: 256 keys, so collisions are easy to find)."""
+    import itertools
+
+    from anywool.discovery.local import _keys
+
+    seen: dict[str, str] = {}
+    for index in itertools.count():
+        name = f"n{index}"
+        key = _keys.namespace_key(name)
+        if key in seen:
+            return seen[key], name
+        seen[key] = name
+    raise AssertionError("unreachable")
+
+
 class Touch:
     """Unpickling it creates ``path``: what a peer's payload could do if a worker unpickled it
     (pickle it into a CALL frame's arguments)."""

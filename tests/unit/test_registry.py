@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import itertools
 import math
 import os
 import subprocess
@@ -19,7 +18,7 @@ import pytest
 from anywool import DiscoveryNamespaceInUse, DiscoveryNamespaceNotFound, DiscoveryRegistryCorrupt
 from anywool.discovery.local import _binding, _claim, _keys, _layout
 
-from ..helpers import worker
+from ..helpers import colliding_names, worker
 
 
 
@@ -58,14 +57,7 @@ def test_keys_are_hashed_domain_separated_and_fixed_length():
 
 def test_key_collision_never_binds_the_other_namespace(monkeypatch):
     monkeypatch.setattr(_keys, "KEY_BYTES", 1)  # 256 keys: collisions are easy to find
-    seen: dict[str, str] = {}
-    for index in itertools.count():
-        name = f"n{index}"
-        key = _keys.namespace_key(name)
-        if key in seen:
-            first, second = seen[key], name
-            break
-        seen[key] = name
+    first, second = colliding_names()
     claim = _claim.claim(first, capacity=2, block_size=256)
     try:
         with pytest.raises(DiscoveryNamespaceNotFound):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import itertools
 import os
 import secrets
 import time
@@ -16,7 +15,7 @@ import pytest
 
 from anywool.discovery.local import _binding, _claim, _keys, _survey
 
-from ..helpers import worker
+from ..helpers import colliding_names, worker
 
 
 @contextlib.contextmanager
@@ -225,14 +224,7 @@ def test_a_reader_leaves_the_directory_mode_as_it_is(runtime_dir: Path, namespac
 def test_a_colliding_key_is_not_the_namespace(monkeypatch: pytest.MonkeyPatch,
                                               runtime_dir: Path) -> None:
     monkeypatch.setattr(_keys, "KEY_BYTES", 1)  # 256 keys: collisions are easy to find
-    seen: dict[str, str] = {}
-    for index in itertools.count():
-        name = f"n{index}"
-        key = _keys.namespace_key(name)
-        if key in seen:
-            first, second = seen[key], name
-            break
-        seen[key] = name
+    first, second = colliding_names()
     entry = dead_owner(first)
     assert _survey.find(second) is None
     assert _survey.reclaim(namespace=second) == []

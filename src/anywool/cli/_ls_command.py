@@ -26,9 +26,9 @@ from anywool.cli._ops import (
     refused,
     runtime_dir_option,
     runtime_root,
-    where,
     socket_document,
     state_text,
+    where,
     workers_cell,
 )
 from anywool.discovery.local import _survey

@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 import click
 from rich import box
 from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 
 from anywool import _runtime_dir
@@ -75,6 +76,7 @@ __all__ = [
     "text",
     "where",
     "worker_document",
+    "worker_columns",
     "workers_cell",
 ]
 
@@ -254,6 +256,14 @@ def name_text(name: str, style: str = "") -> Text:
     if not name or name.strip() != name:
         return text(repr(name), style)
     return text(name, style)
+
+
+def worker_columns(table: Table) -> None:
+    """The columns every table of workers starts with: uid, address, pid, tags."""
+    table.add_column("uid", no_wrap=True)
+    table.add_column("address", overflow="fold")
+    table.add_column("pid", justify="right", no_wrap=True)
+    table.add_column("tags", overflow="fold")
 
 
 def short(hex_digits: str) -> str:

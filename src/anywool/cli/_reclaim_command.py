@@ -25,9 +25,9 @@ from anywool.cli._ops import (
     refused,
     runtime_dir_option,
     runtime_root,
-    where,
     swept_document,
     text,
+    where,
 )
 from anywool.discovery.local import _survey
 

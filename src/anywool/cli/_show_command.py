@@ -26,10 +26,11 @@ from anywool.cli._ops import (
     refused,
     runtime_dir_option,
     runtime_root,
-    where,
     short,
     state_text,
     text,
+    where,
+    worker_columns,
 )
 from anywool.discovery.local import _survey
 
@@ -63,10 +64,7 @@ def show(namespace: str, as_json: bool, runtime_dir: str | None) -> None:
         out.print(Text("no workers", "dim"))
         return
     table = Table(**TABLE_STYLE)
-    table.add_column("uid", no_wrap=True)
-    table.add_column("address", overflow="fold")
-    table.add_column("pid", justify="right", no_wrap=True)
-    table.add_column("tags", overflow="fold")
+    worker_columns(table)
     table.add_column("version", no_wrap=True)
     table.add_column("publisher", no_wrap=True)
     for entry in state.workers:

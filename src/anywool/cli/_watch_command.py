@@ -43,9 +43,10 @@ from anywool.cli._ops import (
     plural,
     runtime_dir_option,
     runtime_root,
-    where,
     short,
     text,
+    where,
+    worker_columns,
     worker_document,
 )
 from anywool.discovery._protocols import DiscoveryEvent
@@ -262,10 +263,7 @@ class _LiveTable(_View):
                               f" · {plural(count, 'event')}",
                               "" if final else " · Ctrl-C to stop")
         table = Table(title=title, title_justify="left", caption_justify="left", **TABLE_STYLE)
-        table.add_column("uid", no_wrap=True)
-        table.add_column("address", overflow="fold")
-        table.add_column("pid", justify="right", no_wrap=True)
-        table.add_column("tags", overflow="fold")
+        worker_columns(table)
         table.add_column("last event", no_wrap=True)
         table.add_column("at", no_wrap=True)
         for event, when in workers:
