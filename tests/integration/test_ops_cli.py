@@ -297,6 +297,52 @@ async def test_watch_off_a_terminal_prints_a_line_per_event_until_sigterm(
                 await stop([child])
 
 
+def test_once_the_watch_has_stopped_further_signals_are_ignored(namespace: str,
+                                                                 anyio_backend: str) -> None:
+    # A second Ctrl-C or SIGTERM while the command exits must not kill it by that signal:
+    # Python's shutdown restores the default handlers, except for ignored signals.
+    from click.testing import CliRunner
+
+    from anywool.cli import _watch_command
+
+    saved = {number: signal.getsignal(number) for number in _watch_command._SIGNALS}
+    _watch_command._noted.append(signal.SIGTERM)  # as if the first one came at once
+    try:
+        result = CliRunner().invoke(_watch_command.watch, [namespace, "--json",
+                                                           "--backend", anyio_backend])
+        assert result.exit_code == 0, result.output
+        assert all(signal.getsignal(number) is signal.SIG_IGN
+                   for number in _watch_command._SIGNALS)
+    finally:
+        _watch_command._noted.clear()
+        for number, handler in saved.items():
+            signal.signal(number, handler)
+
+
+async def test_a_signal_ignored_when_the_watch_starts_stays_ignored(namespace: str) -> None:
+    # As in a shell's background job, started with SIGINT ignored: SIGINT does not stop it.
+    ignoring = "import signal, runpy, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); " \
+               "sys.argv[1:1] = ['watch']; runpy.run_module('anywool.cli', run_name='__main__')"
+    with anyio.fail_after(30):
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            await publisher.publish("worker-added", worker())
+            process = await anyio.open_process(
+                [sys.executable, "-c", ignoring, namespace, "--json"], cwd=REPO,
+                env=_environment(), stderr=subprocess.PIPE)
+            child = Child(process)
+            try:
+                assert json.loads(await child.readline())["type"] == "worker-added"
+                process.send_signal(signal.SIGINT)
+                later = worker()
+                await publisher.publish("worker-added", later)
+                line = json.loads(await child.readline())  # still following
+                assert line["worker"]["uid"] == str(later.uid)
+                process.send_signal(signal.SIGTERM)
+                assert await child.wait() == 0
+            finally:
+                await stop([child])
+
+
 async def test_watch_ends_when_its_reader_goes_even_in_a_quiet_namespace(
         namespace: str, anyio_backend: str) -> None:
     # `anywool watch NS | head -1`: nothing more is published after the first line, so no

@@ -100,7 +100,7 @@ def runtime_dir_option(command: _F) -> _F:
     return click.option(
         "--runtime-dir", type=str, default=None, callback=_absolute, metavar="PATH",
         help=f"The runtime directory to read (default: ${_runtime_dir.ENV_VAR}, else "
-             "/dev/shm/anywool-<uid>).")(command)
+             "/dev/shm/anywool-<uid>, or <tempdir>/anywool-<uid> without /dev/shm).")(command)
 
 
 def json_option(command: _F) -> _F:

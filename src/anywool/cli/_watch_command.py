@@ -76,12 +76,22 @@ def watch(namespace: str, backend: str, as_json: bool, runtime_dir: str | None) 
     # Until the event loop's receiver takes over, a signal is only noted (and honoured as soon
     # as it does): one that arrives while the command starts must stop it, and never with a
     # traceback.
-    for number in _SIGNALS:
+    # A signal the command was started with ignored (SIGINT in a shell's background job) stays
+    # ignored, as it would for any other command.
+    stops = tuple(number for number in _SIGNALS
+                  if signal.getsignal(number) is not signal.SIG_IGN)
+    for number in stops:
         signal.signal(number, _note_signal)
     out = console()
     view: _View = _JsonLines() if as_json else \
         _LiveTable(namespace, out) if out.is_terminal else _Lines()
-    failure = anyio.run(partial(_follow, namespace, view), backend=backend)
+    try:
+        failure = anyio.run(partial(_follow, namespace, view, stops), backend=backend)
+    finally:
+        # Stopping: a second signal must not kill the command as it exits (Python restores the
+        # default handlers during its shutdown, except for ignored signals).
+        for number in stops:
+            signal.signal(number, signal.SIG_IGN)
     if failure is not None:
         raise click.ClickException(failure)
 
@@ -93,12 +103,14 @@ def _note_signal(number: int, _frame: object) -> None:
     _noted.append(number)
 
 
-async def _follow(namespace: str, view: _View) -> str | None:
-    """Show every event of the subscription until a signal; what went wrong, else ``None``."""
+async def _follow(namespace: str, view: _View,
+                  stops: tuple[signal.Signals, ...] = _SIGNALS) -> str | None:
+    """Show every event of the subscription until one of the signals ``stops``; what went
+    wrong, else ``None``."""
     from anywool.discovery.local import LocalDiscovery
 
     try:
-        with anyio.open_signal_receiver(*_SIGNALS) as signals:
+        with anyio.open_signal_receiver(*stops) as signals:
             if _noted:
                 return None  # stopped before it could start
             async with anyio.create_task_group() as tg:
@@ -122,7 +134,7 @@ async def _follow(namespace: str, view: _View) -> str | None:
                             await close()
                     tg.cancel_scope.cancel()
     finally:
-        for number in _SIGNALS:  # asyncio resets them to the default as the receiver closes
+        for number in stops:  # asyncio resets them to the default as the receiver closes
             signal.signal(number, _note_signal)
     return None
 

@@ -96,11 +96,11 @@ def worker(discovery: str, namespace: str, workers: int, host: str | None,
            secret_file: Path | None, tls_cert: str | None, tls_key: str | None,
            tls_ca: str | None, tags: tuple[str, ...], interfaces: tuple[str, ...], backend: str,
            max_concurrency: int | None, drain: float) -> None:
-    """Host worker processes announced into NAMESPACE until SIGINT or SIGTERM.
+    """Host worker processes announced into the --namespace NS until SIGINT or SIGTERM.
 
     A pool in another process, or on another host, dispatches to them with
-    WorkerPool(discovery=LanDiscovery.Subscriber(NAMESPACE), secret=...) (lan) or
-    WorkerPool(discovery=LocalDiscovery.Subscriber(NAMESPACE)) (local).
+    WorkerPool(discovery=LanDiscovery.Subscriber(NS), secret=...) (lan) or
+    WorkerPool(discovery=LocalDiscovery.Subscriber(NS)) (local).
     """
     if not namespace:
         raise click.BadParameter("must not be empty", param_hint="--namespace")

@@ -72,6 +72,8 @@ def _backend_fixture_plugin(names: tuple[str, ...]) -> types.ModuleType:
 
     @pytest.fixture(scope="module", params=names)
     def anyio_backend(request: pytest.FixtureRequest) -> str:
+        """The AnyIO backend of this module's async tests: each of the ``anywool_backends``
+        ini option's names in turn (anywool's plugin)."""
         return request.param
 
     plugin = types.ModuleType("anywool.testing.backends", "anyio_backend over anywool_backends")
