@@ -16,8 +16,6 @@ Presentation only (click, rich): the work is the library's.
 from __future__ import annotations
 
 import importlib
-import os
-import sys
 
 import click
 
@@ -43,11 +41,10 @@ class _Commands(click.Group):
             return super().invoke(ctx)
         except BrokenPipeError:
             # The reader stopped early (``anywool show NS | head -1``): it has what it wanted,
-            # which is not a failure (and status 1 means "not found" here). Python flushes
-            # standard output again at exit: point it at nothing first.
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            os.close(devnull)
+            # which is not a failure (and status 1 means "not found" here).
+            from anywool.cli._ops import silence_stdout
+
+            silence_stdout()
             ctx.exit(0)
 
     def list_commands(self, ctx: click.Context) -> list[str]:

@@ -70,6 +70,7 @@ __all__ = [
     "runtime_dir_option",
     "runtime_root",
     "short",
+    "silence_stdout",
     "socket_document",
     "state_text",
     "swept_document",
@@ -140,6 +141,14 @@ def refused(option: str | None,
         if os.environ.get(_runtime_dir.ENV_VAR) and _runtime_dir.ENV_VAR not in message:
             message += f" (from ${_runtime_dir.ENV_VAR})"
         raise click.UsageError(message) from None
+
+
+def silence_stdout() -> None:
+    """Point standard output at nothing, once its reader is gone: Python flushes it again at
+    exit, which would fail once more."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def emit(document: object) -> None:

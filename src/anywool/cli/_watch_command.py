@@ -44,6 +44,7 @@ from anywool.cli._ops import (
     runtime_dir_option,
     runtime_root,
     short,
+    silence_stdout,
     text,
     where,
     worker_columns,
@@ -160,15 +161,9 @@ async def _cancel_when_unread(scope: anyio.CancelScope) -> None:
     poller.register(fd, 0)  # no events asked for: POLLERR and POLLHUP are always reported
     while not poller.poll(0):
         await anyio.sleep(_UNREAD_CHECK)
-    _silence_stdout()
+    silence_stdout()
     scope.cancel()
 
-
-def _silence_stdout() -> None:
-    # Python flushes standard output again at exit: point it at nothing first.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
 
 
 async def _cancel_on_signal(signals: AsyncIterator[signal.Signals],
@@ -202,7 +197,7 @@ def _write_line(line: str) -> None:
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
     except BrokenPipeError:
-        _silence_stdout()
+        silence_stdout()
         raise _Gone from None
 
 

@@ -11,16 +11,17 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 import anyio
+import anyio.from_thread
 import anyio.to_thread
 
 from anywool.testing._processes import Identity, can_see_states, identify, signal_process, state
+from anywool.testing._settle import settle
 
 if TYPE_CHECKING:
     from anywool.discovery.local._binding import Binding
@@ -87,14 +88,9 @@ def suspended(pid: int, *, timeout: float = 5.0) -> Iterator[None]:
     os.kill(pid, signal.SIGSTOP)
     _suspensions[process] = 1
     try:
-        deadline = time.monotonic() + timeout
-        interval = 0.0005
-        while can_see_states() and state(process) == "running":
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"pid {pid} did not stop within {timeout} s of SIGSTOP")
-            time.sleep(min(interval, remaining))
-            interval = min(interval * 2, 0.02)
+        if can_see_states() and settle(
+                lambda: [process] if state(process) == "running" else [], timeout):
+            raise TimeoutError(f"pid {pid} did not stop within {timeout} s of SIGSTOP")
         yield
     finally:
         del _suspensions[process]
@@ -133,36 +129,26 @@ class RegistryLock:
 
         return bind(self.namespace)
 
-    def __enter__(self) -> RegistryLock:
+    def _acquire(self, checkpoint: Callable[[], None] | None = None) -> RegistryLock:
         from anywool.discovery.local._flock import lock_with_backoff
 
         binding = self._bind()
         try:
             lock_with_backoff(binding.registry_fd, self._operation, timeout=self._timeout,
-                              describe=self._describe)
+                              describe=self._describe, checkpoint=checkpoint)
         except BaseException:
             binding.close()
             raise
         self._binding = binding
         return self
 
-    async def __aenter__(self) -> RegistryLock:
-        from anywool.discovery.local._flock import try_lock
+    def __enter__(self) -> RegistryLock:
+        return self._acquire()
 
-        binding = await anyio.to_thread.run_sync(self._bind)
-        try:
-            delay = 0.001
-            with anyio.move_on_after(float("inf") if self._timeout is None else self._timeout):
-                while not try_lock(binding.registry_fd, self._operation):
-                    await anyio.sleep(delay)
-                    delay = min(delay * 2, 0.02)
-                self._binding, binding = binding, None
-                return self
-            raise TimeoutError(f"{self._describe()}: lock not acquired within "
-                               f"{self._timeout} s")
-        finally:
-            if binding is not None:
-                binding.close()
+    async def __aenter__(self) -> RegistryLock:
+        # As anywool waits for a registry lock itself: in a worker thread that polls, and that
+        # a cancellation of the waiting task stops at its next poll.
+        return await anyio.to_thread.run_sync(self._acquire, anyio.from_thread.check_cancelled)
 
     def release(self) -> None:
         """Release the lock now (idempotent); the block's end does the same."""
@@ -196,7 +182,8 @@ def hold_registry_lock(namespace: str, *, shared: bool = False,
     as well as other processes.
 
     ``with hold_registry_lock(ns):`` polls for the lock in the calling thread;
-    ``async with hold_registry_lock(ns):`` polls from the event loop, which goes on meanwhile.
+    ``async with hold_registry_lock(ns):`` polls in a worker thread, and the event loop goes
+    on meanwhile.
 
     :param namespace: a namespace with a live owner.
     :param shared: take ``LOCK_SH`` instead of ``LOCK_EX``.

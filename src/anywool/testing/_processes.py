@@ -11,10 +11,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 from dataclasses import dataclass
 
-from anywool.testing._settle import GRACE
+from anywool.testing._settle import GRACE, settle
 
 
 @dataclass(frozen=True)
@@ -93,21 +92,12 @@ def kill_and_reap(processes: list[Identity], timeout: float = GRACE) -> list[Ide
     """
     for process in processes:
         signal_process(process, signal.SIGKILL)
-    deadline = time.monotonic() + timeout
-    interval = 0.001
-    left = list(processes)
-    while True:
-        still = []
-        for process in left:
-            if state(process) == "gone":
-                continue
-            with contextlib.suppress(ChildProcessError):  # not our child: its parent reaps it
-                os.waitpid(process.pid, os.WNOHANG)
+
+    def left() -> list[Identity]:
+        for process in processes:
             if state(process) != "gone":
-                still.append(process)
-        left = still
-        remaining = deadline - time.monotonic()
-        if not left or remaining <= 0:
-            return left
-        time.sleep(min(interval, remaining))
-        interval = min(interval * 2, 0.05)
+                with contextlib.suppress(ChildProcessError):  # not our child: its parent reaps
+                    os.waitpid(process.pid, os.WNOHANG)
+        return [process for process in processes if state(process) != "gone"]
+
+    return settle(left, timeout)

@@ -155,8 +155,9 @@ class locked:
 
 
 def owner_alive(dir_fd: int) -> bool:
-    """Whether a live owner holds the generation whose directory ``dir_fd`` is (one try:
-    ``LOCK_SH`` conflicts only with the owner's ``LOCK_EX``)."""
+    """Whether a live process holds ``dir_fd``'s lock: the owner of a generation (its owner
+    file or directory), or whoever locks a socket, claimant's or remover's directory (one try:
+    ``LOCK_SH`` conflicts only with the holder's ``LOCK_EX``, and is let go at once)."""
     if try_lock(dir_fd, fcntl.LOCK_SH):
         unlock(dir_fd)
         return False

@@ -31,7 +31,7 @@ from anywool.discovery.local._binding import (
 )
 from anywool.discovery.local._claim import Swept, sweep_dead, sweep_entry, sweep_leftovers
 from anywool.discovery.local._flock import close_quietly, locked, open_dir, open_file, \
-    owner_alive, try_lock, unlock
+    owner_alive
 from anywool.discovery.local._keys import namespace_digest, namespace_path
 from anywool.discovery.local._layout import EMPTY_UID, check_header, read_counter, read_header
 from anywool.metadata import WorkerMetadata
@@ -201,13 +201,13 @@ def reclaim(root: Path | None = None, namespace: str | None = None) -> list[Swep
         return []
     if namespace is None:
         return sweep_leftovers(root)
-    target = namespace_path(namespace, root)
-    if _belongs(target, namespace_digest(namespace)):
-        swept = sweep_dead(root, target)
-    elif _is_entry(namespace):
-        swept = sweep_entry(root, namespace)
+    state = find(namespace, root, lock_timeout=0)  # only which entry: no registry wait
+    if state is None:
+        return []
+    if state.entry.startswith("ns-"):
+        swept = sweep_dead(root, root / state.entry)
     else:
-        swept = None
+        swept = sweep_entry(root, state.entry)
     return [] if swept is None else [swept]
 
 
@@ -235,50 +235,17 @@ def _is_entry(name: str) -> bool:
     return name.startswith(_PREFIXES) and "/" not in name and "\0" not in name
 
 
-def _belongs(path: Path, digest: bytes) -> bool:
-    """Whether ``path`` is a generation that :func:`_read` with ``expect=digest`` reports: it
-    is there, and its registry names that digest or cannot tell (a registry that does not read
-    leaves the decision to the sweep's lock alone)."""
-    try:
-        dir_fd = open_dir(path)
-    except OSError:
-        return False
-    try:
-        try:
-            fd = open_file("registry", os.O_RDONLY, dir_fd=dir_fd)
-        except OSError:
-            return True
-        try:
-            header = read_header(fd)
-            check_header(header, fd)
-        except (OSError, ValueError):
-            return True
-        finally:
-            os.close(fd)
-        return header.digest == digest
-    finally:
-        os.close(dir_fd)
-
-
 def _socket(path: Path) -> WorkerSocket | None:
     try:
         fd = open_dir(path)
     except OSError:
         return None
     try:
-        alive = _held(fd)
+        alive = owner_alive(fd)
         young = time.time() - os.fstat(fd).st_mtime < _YOUNG
         return WorkerSocket(path.name, alive, not alive and not young)
     finally:
         os.close(fd)
-
-
-def _held(fd: int) -> bool:
-    """Whether a live process holds ``fd``'s lock (an instant's ``LOCK_SH``: no waiting)."""
-    if try_lock(fd, fcntl.LOCK_SH):
-        unlock(fd)
-        return False
-    return True
 
 
 def _read(path: Path, lock_timeout: float, expect: bytes | None = None) -> NamespaceState | None:
@@ -372,7 +339,7 @@ def _state(entry: str, dir_fd: int, owner_fd: int, registry_fd: int) -> tuple[st
         except (OSError, ValueError):
             retired = False
         return ("retiring" if retired else "live"), False
-    if _held(dir_fd):
+    if owner_alive(dir_fd):
         return ("sweeping" if entry.startswith("dead-") else "claiming"), False
     young = entry.startswith("tmp-") and time.time() - os.fstat(dir_fd).st_mtime < _YOUNG
     return "abandoned", not young
