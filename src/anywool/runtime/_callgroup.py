@@ -68,13 +68,19 @@ def open_call_group() -> AbstractAsyncContextManager[CallGroup]:
     return _AsyncioCallGroup()
 
 
-def call_scope() -> Scope:
-    """A cancel scope for one call (trio: ``trio.CancelScope``)."""
+def scope_factory() -> Callable[[], Scope]:
+    """What makes a cancel scope for one call on this backend (trio: ``trio.CancelScope``):
+    asked once per connection, so that a call does not ask which backend it runs on."""
     if _on_trio():
         import trio
 
-        return trio.CancelScope()  # type: ignore[return-value]
-    return anyio.CancelScope()  # type: ignore[return-value]
+        return trio.CancelScope  # type: ignore[return-value]
+    return anyio.CancelScope  # type: ignore[return-value]
+
+
+def call_scope() -> Scope:
+    """A cancel scope for one call (trio: ``trio.CancelScope``)."""
+    return scope_factory()()
 
 
 class _GroupScope:
@@ -113,6 +119,9 @@ class _AsyncioCallGroup:
         self._active = False
 
     async def __aenter__(self) -> _AsyncioCallGroup:
+        import asyncio  # here: a trio worker never imports asyncio
+
+        self._create_task = asyncio.get_running_loop().create_task
         self._active = True
         return self
 
@@ -145,9 +154,7 @@ class _AsyncioCallGroup:
                    name: object = None) -> None:
         if not self._active:
             raise RuntimeError("this call group is not active")
-        import asyncio
-
-        task = asyncio.get_running_loop().create_task(self._run(func(*args)))
+        task = self._create_task(self._run(func(*args)))
         self._tasks.add(task)
         task.add_done_callback(self._finished)
 
@@ -174,4 +181,4 @@ class _AsyncioCallGroup:
             self._done.set()
 
 
-__all__ = ["CallGroup", "Scope", "call_scope", "open_call_group"]
+__all__ = ["CallGroup", "Scope", "call_scope", "open_call_group", "scope_factory"]

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 import anyio.lowlevel
@@ -71,14 +71,6 @@ class WorkerBusy(CallNotDelivered):
     """The worker refused the call because it runs ``max_concurrency`` calls already; it tells
     the connection when it has room again (:attr:`WorkerConnection.busy` turns false)."""
 
-
-async def connect_stream(address: Address) -> ByteStream:
-    """Open a byte stream to ``address``.
-
-    :raises OSError: the connection failed.
-    :raises ValueError: the host cannot be encoded (IDNA).
-    """
-    return await _socket.connect(address)
 
 
 class WorkerConnection(SingleUse):
@@ -161,7 +153,7 @@ class WorkerConnection(SingleUse):
         try:
             address = Address.parse(self.address)
             with anyio.fail_after(self._connect_timeout):
-                stream = await connect_stream(address)
+                stream = await _socket.connect(address)
             if not address.is_unix:
                 stream = await self._authenticate(stream, address)
             self._stream = stream
@@ -421,10 +413,7 @@ class WorkerConnection(SingleUse):
             call.finished = True
             if frame.kind == Kind.RETURN:
                 return call.value(frame)
-            error = call.remote_exception(frame)
-            if isinstance(error, RoutineCancelled):
-                await _own_deadline()
-            raise error
+            await call.raise_remote(frame)
         finally:
             await call.release()
 
@@ -615,6 +604,11 @@ class _Call:
         if frame.kind == Kind.END:
             self.end(frame)
             return True, None
+        await self.raise_remote(frame)
+
+    async def raise_remote(self, frame: Frame) -> NoReturn:
+        """Raise what the worker's EXCEPTION frame says; a routine cancelled at the caller's
+        own deadline first lets that deadline cancel the caller, as a local await would."""
         error = self.remote_exception(frame)
         if isinstance(error, RoutineCancelled):
             await _own_deadline()

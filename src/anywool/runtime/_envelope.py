@@ -33,7 +33,7 @@ from typing import Any, cast
 
 import msgpack
 
-from anywool.runtime._wire import FrameError
+from anywool.runtime._wire import _U64, FrameError
 
 #: ``(key, pickled proxy)``: the pool a call tree started from (see :mod:`._nested`).
 Origin = tuple[bytes, bytes]
@@ -42,7 +42,6 @@ Origin = tuple[bytes, bytes]
 BUSY = b"busy"
 
 _ORIGIN_KEY_SIZE = 16
-_U64 = 1 << 64
 #: The origins a worker remembers per connection (a client sends a new one only when its pool's
 #: own workers change, so this is never reached in practice).
 ORIGINS_KEPT = 16

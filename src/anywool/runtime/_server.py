@@ -33,7 +33,7 @@ from anywool.errors import PayloadTooLarge, RoutineAborted, RoutineCancelled, Se
 from anywool.runtime import _context
 from anywool.runtime import _envelope as envelope
 from anywool.runtime import _serializer as serializer
-from anywool.runtime._callgroup import CallGroup, call_scope, open_call_group
+from anywool.runtime._callgroup import CallGroup, Scope, open_call_group, scope_factory
 from anywool.runtime._nested import NestedProxies
 from anywool.runtime._peer import PEER_GONE, PEER_HUNG_UP
 from anywool.runtime._routine import RoutineTask, routine_body, set_active, set_running
@@ -50,8 +50,6 @@ log = logging.getLogger("anywool.worker")
 
 # How long a cancelled call may take to tell its client it was cancelled.
 REPLY_TIMEOUT = 1.0
-# Seconds a stopping worker waits for its clients to hang up after it half-closed.
-LINGER = 2.0
 #: Seconds a stopping worker spends after its drain, all steps together: cancelling the calls
 #: still running (at most REPLY_TIMEOUT of it), closing its nested proxies, half-closing and
 #: lingering for its clients, then shutting down the connections of those that stay. One
@@ -121,9 +119,9 @@ _UNTRACKED = _Untracked()
 class _ServerCall:
     __slots__ = ("id", "scope", "name", "streaming", "protocol_error", "_step", "_arrived")
 
-    def __init__(self, call_id: int) -> None:
+    def __init__(self, call_id: int, scope: Scope) -> None:
         self.id = call_id
-        self.scope = call_scope()
+        self.scope = scope
         self.name = "<routine>"
         self.streaming: bool | None = None  # known once the routine is loaded
         self.protocol_error: str | None = None
@@ -225,16 +223,17 @@ class Server:
     async def _handle(self, stream: ByteStream, frames: FrameStream) -> None:
         calls: dict[int, _ServerCall] = {}
         origins = envelope.Origins()
+        new_scope = scope_factory()
         async with stream, open_call_group() as tg:
             # Under asyncio the event loop routes the frames that arrive while this task
             # waits (a call's task is started from there: _callgroup's tasks need no parent
             # task), saving this task a wake-up per frame.
             frames.deliver_while_waiting(
-                lambda frame: self._route(frame, frames, calls, origins, tg))
+                lambda frame: self._route(frame, frames, calls, origins, tg, new_scope))
             try:
                 while True:
                     frame = await frames.receive()
-                    self._route(frame, frames, calls, origins, tg)
+                    self._route(frame, frames, calls, origins, tg, new_scope)
             except PEER_HUNG_UP:
                 pass
             except (FrameError, OSError) as exc:
@@ -246,7 +245,7 @@ class Server:
 
     def _route(
         self, frame: Frame, frames: FrameStream, calls: dict[int, _ServerCall],
-        origins: envelope.Origins, tg: CallGroup
+        origins: envelope.Origins, tg: CallGroup, new_scope: Callable[[], Scope]
     ) -> None:
         if frame.kind == Kind.CALL:
             # Decoded here, in the order the calls came, refused or not: a call's origin
@@ -262,7 +261,7 @@ class Server:
             if not self._has_room():
                 tg.start_soon(self._refuse_busy, frames, frame.call_id, tg)
                 return
-            call = _ServerCall(frame.call_id)
+            call = _ServerCall(frame.call_id, new_scope())
             calls[call.id] = call
             self.calls.add(call)
             self.stop.started()

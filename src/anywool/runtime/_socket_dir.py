@@ -66,7 +66,7 @@ class Home:
                                | os.O_CLOEXEC)
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BaseException:
-            _rmtree(directory)
+            remove(directory)
             raise
         self.directory = directory
         self.socket = directory / SOCKET
@@ -81,10 +81,6 @@ class Home:
 
 def remove(directory: Path) -> None:
     """Remove a worker's directory and what is in it, if it is still there."""
-    _rmtree(directory)
-
-
-def _rmtree(directory: Path) -> None:
     import shutil  # here: a worker's start-up imports this module, and rarely removes a tree
 
     shutil.rmtree(directory, ignore_errors=True)

@@ -94,7 +94,9 @@ class FrameError(WoolError):
 
 
 # What a frame holds besides its payload: the kind (1 byte) and the call id (8 bytes).
-ENVELOPE_OVERHEAD = 9
+ENVELOPE_OVERHEAD = _KIND_AND_ID.size
+# Payload bytes up to which a body is sliced out of the read buffer rather than viewed.
+_SLICE_AT_MOST = 4096
 
 _KINDS: dict[int, Kind] = {int(kind): kind for kind in Kind}
 # Consecutive frames a receiver may take without waiting before it lets other tasks run.
@@ -144,7 +146,11 @@ def _parse_body(data: bytes | bytearray, start: int, end: int) -> Frame:
     known = _KINDS.get(kind)
     if known is None:
         raise FrameError(f"unknown frame kind {kind}")
-    return Frame(known, call_id, bytes(data[start + ENVELOPE_OVERHEAD:end]))
+    start += ENVELOPE_OVERHEAD
+    # A large payload through a view: slicing the buffer would copy it once more. A small one
+    # is cheaper sliced than viewed.
+    body = data[start:end] if end - start <= _SLICE_AT_MOST else memoryview(data)[start:end]
+    return Frame(known, call_id, bytes(body))
 
 
 class FrameStream:

@@ -65,7 +65,7 @@ from anywool._errno import exhausted
 from anywool.errors import AuthenticationError
 from anywool.runtime import _lifeline, _socket, _socket_dir
 from anywool.runtime._nested import NestedProxies, idle_timeout_from_environment
-from anywool.runtime._server import LINGER, REPLY_TIMEOUT, STOP_TAIL, Server
+from anywool.runtime._server import REPLY_TIMEOUT, STOP_TAIL, Server
 
 if TYPE_CHECKING:  # imported when needed: authentication only when there are credentials
     from anywool.runtime import _auth
@@ -291,7 +291,7 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
                 tail = anyio.current_time() + STOP_TAIL
                 await worker.cancel_calls(REPLY_TIMEOUT)
                 # Before the connections: a proxy connected to this worker hangs up itself.
-                with anyio.move_on_at(min(anyio.current_time() + LINGER, tail)):
+                with anyio.move_on_at(tail):
                     await worker.nested.close()
                 # Half-close, so that clients end their streams themselves: a receive that is
                 # cancelled rather than ended can make asyncio report InvalidStateError.
