@@ -17,6 +17,17 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
+
+@pytest.fixture(autouse=True)
+def _output_as_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the inner runs print the same on CI as elsewhere.
+
+    pytest stops shortening the short test summary when ``CI`` or ``BUILD_NUMBER`` is set, so a
+    multi-line failure message would appear twice there and once on a developer's machine.
+    """
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("BUILD_NUMBER", raising=False)
+
 # The inner suites live in pytester's own directory, away from this project's conftest.py and
 # pyproject.toml: they stand alone, as a user's do.
 ASYNC_SUITE = """
