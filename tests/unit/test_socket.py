@@ -272,6 +272,49 @@ async def test_frames_handed_over_while_waiting_keep_their_order_and_the_end_rea
     assert len(outcome) == 1
 
 
+async def test_an_error_the_frame_handler_raises_reaches_the_receiver(pair) -> None:
+    # A FrameError too: the frame the handler was given has left the buffer, so the receiver
+    # would not meet the error again by parsing; it must be handed on, not dropped. Under trio
+    # the handler is never used and the receiver gets every frame.
+    import sniffio
+
+    from anywool.runtime._wire import FrameError, encode
+
+    a, b = pair
+    reader = FrameStream(b, b)
+    raised = FrameError("the handler's own")
+    handled: list[int] = []
+
+    def handler(frame: Frame) -> None:
+        if frame.call_id == 2:
+            raise raised
+        handled.append(frame.call_id)
+
+    reader.deliver_while_waiting(handler)
+    received: list[int] = []
+    outcome: list[BaseException] = []
+
+    async def receive_all() -> None:
+        try:
+            while True:
+                received.append((await reader.receive()).call_id)
+        except (FrameError, anyio.EndOfStream) as exc:
+            outcome.append(exc)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(receive_all)
+            await anyio.wait_all_tasks_blocked()
+            await a.send(b"".join(encode(Frame(Kind.RESULT, i, b"x")) for i in (1, 2, 3)))
+            await anyio.wait_all_tasks_blocked()
+            await a.send_eof()
+    if sniffio.current_async_library() == "asyncio":
+        assert (handled, received, outcome) == ([1], [], [raised])
+    else:
+        assert handled == [] and received == [1, 2, 3]
+        assert len(outcome) == 1 and isinstance(outcome[0], anyio.EndOfStream)
+
+
 def test_importing_the_package_alone_still_reaches_its_submodules() -> None:
     # Eager imports used to bind them; code that did `import anywool; anywool.errors.X` works.
     code = ("import anywool; print(anywool.errors.WorkerError.__name__, "

@@ -346,8 +346,9 @@ class FrameStream:
         arrive while the one receiving task waits for bytes go straight to ``handler`` from
         the loop's readiness callback, in order, saving that task a wake-up per batch; the
         task itself still gets (from :meth:`receive`) every frame that was not handed over, the
-        end of the stream, and every error. ``handler`` must not block or raise; it runs
-        outside any task. Elsewhere (trio, TLS) this does nothing: the receiver gets every
+        end of the stream, and every error. ``handler`` runs outside any task and must not
+        block; an ``Exception`` it raises ends the handing over and is raised by the
+        receiver's :meth:`receive`. Elsewhere (trio, TLS) this does nothing: the receiver gets every
         frame.
         """
         if self._raw_receive is not None:
@@ -371,15 +372,18 @@ class FrameStream:
             self._ended = True
             return False
         self._buffer += data
-        try:
-            while (frame := self._next()) is not None:
+        while True:
+            try:
+                frame = self._next()
+            except FrameError:
+                return False  # left in the buffer: the receiver's _next raises it again
+            if frame is None:
+                return True
+            try:
                 handler(frame)
-        except FrameError:
-            return False  # left in the buffer: the receiver's _next raises it again
-        except Exception as exc:
-            self._drain_error = exc
-            return False
-        return True
+            except Exception as exc:  # a FrameError too: that frame has left the buffer
+                self._drain_error = exc
+                return False
 
     def _wanted(self) -> int:
         """How many bytes to ask for: what the frame being read still lacks, within bounds."""
