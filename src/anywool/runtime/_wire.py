@@ -348,8 +348,8 @@ class FrameStream:
         task itself still gets (from :meth:`receive`) every frame that was not handed over, the
         end of the stream, and every error. ``handler`` runs outside any task and must not
         block; an ``Exception`` it raises ends the handing over and is raised by the
-        receiver's :meth:`receive`. Elsewhere (trio, TLS) this does nothing: the receiver gets every
-        frame.
+        receiver's :meth:`receive`. Elsewhere (trio, TLS) this does nothing: the receiver gets
+        every frame.
         """
         if self._raw_receive is not None:
             self._handler = handler
