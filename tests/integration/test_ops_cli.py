@@ -237,6 +237,19 @@ def test_an_unknown_namespace_is_exit_1(namespace: str) -> None:
         assert namespace in result.stderr and "Traceback" not in result.stderr
 
 
+def test_python_dash_m_anywool_runs_the_same_command(runtime_dir: Path) -> None:
+    def module(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "anywool", *args], capture_output=True,
+                              text=True, timeout=30, cwd=REPO, env=_environment())
+
+    result = module("ls", "--json")
+    assert (result.returncode, result.stderr) == (0, "")
+    assert json.loads(result.stdout) == json.loads(run("ls", "--json").stdout)
+    result = module("no-such-command")
+    assert result.returncode == 2
+    assert "Usage: python -m anywool " in result.stderr
+
+
 # -- watch ---------------------------------------------------------------------------------------
 
 
