@@ -368,35 +368,30 @@ def _credentials(parser: argparse.ArgumentParser,
     nested calls go through); exits with a usage error when they are invalid, or missing for a
     TCP address."""
     address = options.address
-    if not (options.tls_cert or options.tls_key or options.tls_ca):
-        # The usual Unix worker of a pool without a secret: no credentials, and none of the
-        # authentication machinery imported (a few ms of every worker's start).
-        try:
-            if _secret.resolve(None, "secret") is None:
-                if address is not None and not address.is_unix:
-                    parser.error(_no_credentials(address))
-                return None
-        except (TypeError, ValueError) as exc:
-            parser.error(str(exc))
-    from anywool.runtime import _auth
-
-    tls = None
-    if options.tls_cert or options.tls_key or options.tls_ca:
-        if not (options.tls_cert and options.tls_ca):
-            parser.error("mutual TLS needs --tls-cert and --tls-ca (and --tls-key unless the "
-                         "key is in the certificate file)")
-        try:
-            tls = _auth.MutualTLS(options.tls_cert, options.tls_key, cafile=options.tls_ca)
-        except (TypeError, ValueError) as exc:
-            parser.error(str(exc))
+    wants_tls = bool(options.tls_cert or options.tls_key or options.tls_ca)
     try:
-        credentials = _auth.Credentials.resolve(None, tls)
+        secret = _secret.resolve(None, "secret")
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
+    credentials = tls = None
+    if secret is not None or wants_tls:
+        # Only then the authentication machinery: the usual Unix worker of a pool without a
+        # secret saves importing it, a few ms of every worker's start.
+        from anywool.runtime import _auth
+
+        if wants_tls:
+            if not (options.tls_cert and options.tls_ca):
+                parser.error("mutual TLS needs --tls-cert and --tls-ca (and --tls-key unless "
+                             "the key is in the certificate file)")
+            try:
+                tls = _auth.MutualTLS(options.tls_cert, options.tls_key, cafile=options.tls_ca)
+            except (TypeError, ValueError) as exc:
+                parser.error(str(exc))
+        credentials = _auth.Credentials.resolve(secret, tls)
+        if tls is not None:
+            _auth.set_process_tls(tls)
     if address is not None and not address.is_unix and credentials is None:
         parser.error(_no_credentials(address))
-    if tls is not None:
-        _auth.set_process_tls(tls)
     return credentials
 
 
