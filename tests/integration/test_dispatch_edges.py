@@ -220,6 +220,40 @@ async def test_a_base_exception_arrives_as_routine_aborted_and_the_worker_goes_o
             assert await double(5) == 10  # same worker, same connection
 
 
+@routine
+async def leave_from_a_child(kind: str) -> None:
+    async def child() -> None:
+        raise SystemExit(5) if kind == "exit" else KeyboardInterrupt
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(child)
+
+
+@routine
+async def pid() -> int:
+    return os.getpid()
+
+
+@pytest.mark.parametrize("kind", ["exit", "interrupt"])
+async def test_a_base_exception_in_a_routines_child_task_fails_only_that_call(kind):
+    # asyncio also re-raises such an exception out of its event loop once the task has stored
+    # it (CPython gh-102572), which would end the worker and every call on it.
+    from anywool import RoutineAborted
+
+    expected = SystemExit if kind == "exit" else KeyboardInterrupt
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=1) as pool:
+            (worker,) = pool.workers
+            before = await pid()
+            with pytest.raises(RoutineAborted) as info:
+                await leave_from_a_child(kind)
+            group = info.value.__cause__
+            assert isinstance(group, BaseExceptionGroup)
+            assert [type(leaf) for leaf in group.exceptions] == [expected]
+            assert await pid() == before == worker.metadata.pid  # the same worker goes on
+            assert pool.workers == [worker]
+
+
 async def test_a_stray_cancellation_fails_only_its_own_call(anyio_backend, tmp_path):
     if anyio_backend != "asyncio":
         pytest.skip("a stray CancelledError is an asyncio matter")

@@ -437,12 +437,17 @@ def main(argv: list[str] | None = None) -> None:
     # Before any thread, event loop or listener exists: the sidecar is forked from us as we are.
     lifeline = _start_lifeline(options.address, options.home)
     control = _take_stdin()
+    backend_options = {}
+    if options.backend == "asyncio":
+        from anywool.runtime._asyncio_loop import WorkerEventLoop
+
+        backend_options["loop_factory"] = WorkerEventLoop
     try:
         anyio.run(functools.partial(serve, options.address, options.home,
                                     max_concurrency=options.max_concurrency,
                                     credentials=credentials, lifeline=lifeline,
                                     control=control),
-                  backend=options.backend)
+                  backend=options.backend, backend_options=backend_options)
     finally:
         if lifeline is not None:
             lifeline.close()  # nothing outlives the worker, and no zombie is left
