@@ -95,5 +95,9 @@ def test_a_coroutine_run_to_completion_directly_ends_it_too() -> None:
 
 
 def test_the_hook_is_where_the_loop_expects_it() -> None:
-    # Private to asyncio: a Python that renamed it would make the loop a plain one, silently.
-    assert "_run_once" in vars(asyncio.BaseEventLoop)
+    # Private to asyncio: on a Python that renamed it, workers fall back to the plain loop, and
+    # this fails.
+    from anywool.runtime import _asyncio_loop
+
+    assert "_run_once" in vars(asyncio.BaseEventLoop) and "_run" in vars(asyncio.Handle)
+    assert _asyncio_loop.loop_factory is WorkerEventLoop

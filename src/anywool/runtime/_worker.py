@@ -439,9 +439,9 @@ def main(argv: list[str] | None = None) -> None:
     control = _take_stdin()
     backend_options = {}
     if options.backend == "asyncio":
-        from anywool.runtime._asyncio_loop import WorkerEventLoop
+        from anywool.runtime._asyncio_loop import loop_factory
 
-        backend_options["loop_factory"] = WorkerEventLoop
+        backend_options["loop_factory"] = loop_factory
     try:
         anyio.run(functools.partial(serve, options.address, options.home,
                                     max_concurrency=options.max_concurrency,
