@@ -49,15 +49,88 @@ def test_an_awaited_tasks_exception_is_raised_where_it_is_awaited(kind) -> None:
     assert run(main) == "went on"
 
 
+def test_a_task_stepping_an_async_generator_keeps_its_exception_too() -> None:
+    # The usual "next item, with a timeout": the task's first frame is the generator's own.
+    async def items():
+        await asyncio.sleep(0)
+        raise SystemExit(5)
+        yield
+
+    async def main() -> str:
+        with pytest.raises(SystemExit):
+            await asyncio.wait_for(items().__anext__(), 5)
+        await asyncio.sleep(0)
+        return "went on"
+
+    assert run(main) == "went on"
+
+
+def test_an_abandoned_generators_cleanup_keeps_its_exception() -> None:
+    # asyncio closes an async generator that nobody closed in a task of its own.
+    closed = []
+
+    async def items():
+        try:
+            yield 1
+            yield 2
+        finally:
+            closed.append(True)
+            raise SystemExit(6)
+
+    async def main() -> str:
+        iterator = items()
+        assert await iterator.__anext__() == 1
+        del iterator  # (CPython frees it at once, and the loop schedules its aclose)
+        with anyio.fail_after(5):
+            while not closed:
+                await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return "went on"
+
+    assert run(main) == "went on"
+
+
+def test_a_task_nobody_awaits_is_still_reported_as_asyncio_reports_it() -> None:
+    # The outcome is read without retrieving it: "never retrieved" is still logged.
+    reported: list[dict] = []
+
+    async def child() -> None:
+        raise SystemExit(7)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda loop, context: reported.append(context))
+        asyncio.create_task(child())
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    run(main)
+    import gc
+
+    gc.collect()
+    assert [type(context.get("exception")) for context in reported] == [SystemExit]
+    assert "never retrieved" in reported[0]["message"]
+
+
 def _exit_from_python() -> None:
     sys.exit(8)
 
 
-@pytest.mark.parametrize("callback, code", [(sys.exit, 7), (_exit_from_python, 8)])
-def test_a_plain_callbacks_exit_still_ends_the_loop(callback, code) -> None:
+@pytest.mark.parametrize("how", ["sys.exit", "python", "done callback"])
+def test_a_plain_callbacks_exit_still_ends_the_loop(how) -> None:
     # No task stored it: kept in the loop, it would be lost.
+    code = {"sys.exit": 7, "python": 8, "done callback": 9}[how]
+
     async def main() -> str:
-        asyncio.get_running_loop().call_soon(callback, *(() if code == 8 else (code,)))
+        loop = asyncio.get_running_loop()
+        if how == "sys.exit":
+            loop.call_soon(sys.exit, code)
+        elif how == "python":
+            loop.call_soon(_exit_from_python)
+        else:
+            future = loop.create_future()
+            future.add_done_callback(lambda _: sys.exit(code))
+            future.set_result(None)
         await asyncio.sleep(5)
         return "not ended"
 
@@ -100,4 +173,6 @@ def test_the_hook_is_where_the_loop_expects_it() -> None:
     from anywool.runtime import _asyncio_loop
 
     assert "_run_once" in vars(asyncio.BaseEventLoop) and "_run" in vars(asyncio.Handle)
+    assert "_callback" in asyncio.Handle.__slots__
+    assert hasattr(asyncio.Future, "_exception") and hasattr(asyncio.tasks._PyTask, "_exception")
     assert _asyncio_loop.loop_factory is WorkerEventLoop
