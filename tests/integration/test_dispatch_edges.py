@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+from contextlib import aclosing
 from pathlib import Path
 import signal
 import subprocess
 import sys
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import anywool
@@ -252,6 +254,44 @@ async def test_a_base_exception_in_a_routines_child_task_fails_only_that_call(ki
             assert [type(leaf) for leaf in group.exceptions] == [expected]
             assert await pid() == before == worker.metadata.pid  # the same worker goes on
             assert pool.workers == [worker]
+
+
+@routine
+async def exits_when_closed(kind: str, mark: str):
+    async def child() -> None:
+        raise SystemExit(7)
+
+    try:
+        while True:
+            yield 1
+    finally:
+        try:
+            if kind == "exit":
+                raise SystemExit(6)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(child)
+        finally:
+            Path(mark).touch()  # in the step that raises on: the server has it next
+
+
+@pytest.mark.parametrize("kind", ["exit", "child"])
+async def test_a_stream_whose_cleanup_exits_when_the_worker_closes_it_fails_only_itself(
+        kind, tmp_path):
+    # The caller is cancelled between steps, so the worker closes the generator itself, where
+    # no caller waits for what the close raises: it is logged, and the connection and the
+    # worker go on.
+    mark = tmp_path / "closed"
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=1) as pool:
+            before = await pid()
+            with anyio.CancelScope() as scope:
+                async with aclosing(exits_when_closed(kind, str(mark))) as items:
+                    async for _ in items:
+                        scope.cancel()
+                        await anyio.lowlevel.checkpoint()
+            await wait_until(mark.exists, "the worker closing the generator")
+            assert [await pid(), await pid()] == [before, before]
+            assert [w.metadata.pid for w in pool.workers] == [before]
 
 
 async def test_a_stray_cancellation_fails_only_its_own_call(anyio_backend, tmp_path):

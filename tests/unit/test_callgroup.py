@@ -75,6 +75,50 @@ async def test_a_task_that_raises_cancels_the_others_and_the_error_comes_out() -
     assert cancelled == [True]
 
 
+async def test_a_task_that_raises_cancels_the_body_too() -> None:
+    # As a nursery does: the connection stops reading, rather than going on starting calls
+    # that the cancelled group cancels at once.
+    body: list[str] = []
+
+    async def fails() -> None:
+        raise LookupError("boom")
+
+    with anyio.CancelScope(deadline=anyio.current_time() + 5) as bound:
+        with pytest.raises(BaseExceptionGroup) as caught:
+            async with open_call_group() as group:
+                group.start_soon(fails)
+                try:
+                    await anyio.sleep_forever()
+                except anyio.get_cancelled_exc_class():
+                    body.append("cancelled")
+                    raise
+    assert not bound.cancel_called  # the group cancelled the body, not this bound
+    assert body == ["cancelled"]
+    assert caught.group_contains(LookupError, match="boom")
+
+
+async def test_the_bodys_own_error_and_a_tasks_come_out_together() -> None:
+    async def fails() -> None:
+        raise LookupError("task")
+
+    with anyio.fail_after(5), pytest.raises(BaseExceptionGroup) as caught:
+        async with open_call_group() as group:
+            group.start_soon(fails)
+            raise KeyError("body")  # before the task has run: it still runs, and fails
+    assert caught.group_contains(LookupError) and caught.group_contains(KeyError)
+
+
+async def test_an_outer_cancellation_of_the_body_is_not_taken_for_the_groups() -> None:
+    with anyio.fail_after(5):
+        with anyio.CancelScope() as outer:
+            async with open_call_group() as group:
+                group.start_soon(anyio.sleep_forever)
+                await anyio.wait_all_tasks_blocked()
+                outer.cancel()
+                await anyio.sleep_forever()
+        assert outer.cancelled_caught
+
+
 async def test_the_hosts_cancellation_reaches_the_tasks_and_exit_still_waits() -> None:
     ended: list[str] = []
 

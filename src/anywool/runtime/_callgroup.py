@@ -97,6 +97,8 @@ class _GroupScope:
         group.cancelled = True
         for scope in list(group.scopes):
             scope.cancel()
+        if group.host is not None:
+            group.host.cancel()
 
 
 class _AsyncioCallGroup:
@@ -104,9 +106,10 @@ class _AsyncioCallGroup:
 
     Entering and exiting follow anyio's task group: exiting waits for every task (shielded
     from the caller's cancellation only by what the tasks do themselves: the caller's
-    cancellation cancels them, as anyio's would); an exception a task raises (a server task
-    should raise none: it ends its call) cancels the others and is re-raised at exit in an
-    ``ExceptionGroup``.
+    cancellation cancels them, as anyio's would); cancelling the group cancels its body too;
+    an exception a task raises (a server task should raise none: it ends its call) cancels
+    the group, and is re-raised at exit in an ``ExceptionGroup``, with the body's own
+    exception if it raised one other than that cancellation.
     """
 
     def __init__(self) -> None:
@@ -117,16 +120,27 @@ class _AsyncioCallGroup:
         self._errors: list[BaseException] = []
         self._done: anyio.Event | None = None
         self._active = False
+        self.host: anyio.CancelScope | None = None  # around the body, while it runs
 
     async def __aenter__(self) -> _AsyncioCallGroup:
         import asyncio  # here: a trio worker never imports asyncio
 
         self._create_task = asyncio.get_running_loop().create_task
+        host = anyio.CancelScope()
+        host.__enter__()
+        self.host = host
         self._active = True
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> bool:
+        host, self.host = self.host, None
+        assert host is not None
+        # Exited first, so that the wait below is not inside it; it swallows the body's
+        # cancellation when that is the group's own, which is then not the body's failure.
+        swallowed = bool(host.__exit__(exc_type, exc, tb))
+        if swallowed:
+            exc = None
         if exc is not None:
             self.cancel_scope.cancel()
         try:
@@ -141,9 +155,11 @@ class _AsyncioCallGroup:
             self._active = False
         if self._errors:
             errors = self._errors
+            if exc is not None and not isinstance(exc, anyio.get_cancelled_exc_class()):
+                errors = [exc, *errors]
             raise BaseExceptionGroup("unhandled errors in a worker connection's calls",
                                      errors) from None
-        return False
+        return swallowed
 
     async def _wait_for_tasks(self) -> None:
         while self._tasks:

@@ -457,7 +457,9 @@ class Server:
             with anyio.CancelScope(shield=True), anyio.move_on_after(REPLY_TIMEOUT * 5):
                 try:
                     await agen.aclose()
-                except Exception:
+                except anyio.get_cancelled_exc_class():
+                    raise
+                except BaseException:  # SystemExit too: nobody waits for this, so it is logged
                     log.exception("closing async generator %s failed", call.name)
 
     def _reportable(self, call: _ServerCall, exc: BaseException) -> BaseException:
