@@ -205,6 +205,15 @@ async def test_accept_ends_when_the_listener_is_closed() -> None:
     assert len(ended) == 1
 
 
+async def test_accepting_on_a_listener_closed_before_the_first_accept_says_closed() -> None:
+    # A worker told to stop as it starts closes its listener before the accepting task has
+    # first run: that is the end of accepting, not an OSError.
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.close()
+    with anyio.fail_after(5), pytest.raises(anyio.ClosedResourceError):
+        await _socket.accept(listener)
+
+
 def test_a_worker_imports_neither_discovery_nor_the_other_backend() -> None:
     # The package's names are imported on first use, so a worker's start-up costs only what
     # it runs: a trio worker imports no asyncio, no worker imports LAN discovery or zeroconf.

@@ -315,10 +315,10 @@ async def accept(listener: socket.socket) -> SocketStream:
     :raises OSError: accepting failed (e.g. ``EMFILE``: out of descriptors).
     Cancellation: cancellable; nothing is accepted then.
     """
-    listener.setblocking(False)
     while True:
-        if listener.fileno() == -1:
+        if listener.fileno() == -1:  # before setblocking, which a closed socket fails
             raise anyio.ClosedResourceError
+        listener.setblocking(False)
         try:
             sock, _ = listener.accept()
         except BlockingIOError:
