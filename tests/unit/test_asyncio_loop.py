@@ -65,6 +65,22 @@ def test_a_task_stepping_an_async_generator_keeps_its_exception_too() -> None:
     assert run(main) == "went on"
 
 
+def test_a_pure_python_tasks_exception_stays_its_own_too() -> None:
+    async def child() -> None:
+        await asyncio.sleep(0)
+        raise SystemExit(5)
+
+    async def main() -> str:
+        asyncio.get_running_loop().set_task_factory(
+            lambda loop, coro, **kwargs: asyncio.tasks._PyTask(coro, loop=loop, **kwargs))
+        with pytest.raises(SystemExit):
+            await asyncio.ensure_future(child())
+        await asyncio.sleep(0)
+        return "went on"
+
+    assert run(main) == "went on"
+
+
 def test_an_abandoned_generators_cleanup_keeps_its_exception() -> None:
     # asyncio closes an async generator that nobody closed in a task of its own.
     closed = []

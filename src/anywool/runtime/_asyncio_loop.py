@@ -73,9 +73,10 @@ def _task_that_stored(exc: BaseException) -> asyncio.Future[Any] | None:
         return None
     handle = tb.tb_frame.f_locals.get("self")
     owner = getattr(getattr(handle, "_callback", None), "__self__", None)
-    if (isinstance(owner, asyncio.Future) and owner.done() and not owner.cancelled()
+    # isfuture, not isinstance: the pure-Python task derives from the pure-Python future.
+    if (asyncio.isfuture(owner) and owner.done() and not owner.cancelled()
             and getattr(owner, "_exception", None) is exc):
-        return owner
+        return cast("asyncio.Future[Any]", owner)
     return None
 
 
