@@ -276,6 +276,36 @@ async def test_a_routine_that_reads_or_closes_stdin_leaves_the_worker_stoppable(
     assert codes == [0]  # it took the stop request and stopped cleanly
 
 
+@routine
+async def slow_to_close():
+    try:
+        while True:
+            yield 1
+    finally:
+        await anyio.sleep(30)  # not shielded: the worker's close decides how long it may take
+
+
+async def test_a_stream_slow_to_close_does_not_stretch_the_stop(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Suspended at a yield when its worker stops: the close the worker runs itself gets what
+    # the stop gives its cancelled calls, not a budget of its own that outlasts the stop (5 s,
+    # against the grace plus 2.5 s its parent waits).
+    with anyio.fail_after(30):
+        async with LocalWorker() as worker:
+            stream = await anyio.connect_unix(worker.address.removeprefix("unix:"))
+            async with stream:
+                frames = FrameStream(stream, stream)
+                await frames.send(Frame(Kind.CALL, 1, call_payload(slow_to_close.__wrapped__)))
+                assert (await frames.receive()).kind == Kind.ACK
+                await frames.send(Frame(Kind.ASEND, 1, step_payload()))
+                assert (await frames.receive()).kind == Kind.RESULT  # suspended at its yield
+                process = worker._process
+                assert process is not None
+                await worker.stop(0)
+                assert process.returncode == 0
+    assert "finishing forcefully" not in caplog.text
+
+
 @pytest.mark.parametrize("reads", [False, True], ids=["never-reads", "reads"])
 async def test_a_client_that_never_hangs_up_does_not_stretch_the_stop(
         reads: bool, caplog: pytest.LogCaptureFixture) -> None:

@@ -167,6 +167,10 @@ class Server:
         self.stop = _Stop()
         self.connections: set[FrameStream] = set()
         self.calls: set[_ServerCall] = set()
+        # The generators being closed by the worker itself (see _run_generator), and when they
+        # must be closed by once the stop has cancelled the calls.
+        self._closing: set[anyio.CancelScope] = set()
+        self._close_by = math.inf
         self._connections_changed = anyio.Event()
         # Connections refused a call as busy since they last heard of room, each with its task
         # group: each gets a ROOM frame when a call ends below the bound (its proxy then lets
@@ -205,7 +209,11 @@ class Server:
 
     async def cancel_calls(self, timeout: float) -> None:
         """Cancel every call still running; wait up to ``timeout`` seconds for them to answer
-        (each answers :class:`~anywool.errors.RoutineCancelled`)."""
+        (each answers :class:`~anywool.errors.RoutineCancelled`). A generator the worker is
+        closing itself gets no longer than that either."""
+        self._close_by = anyio.current_time() + timeout
+        for closing in self._closing:
+            closing.deadline = min(closing.deadline, self._close_by)
         for call in list(self.calls):
             call.scope.cancel()
         await self.stop.drain_for(timeout)
@@ -453,14 +461,19 @@ class Server:
                     continue
                 return
         finally:
-            # Cancelled between steps, or the client vanished: run the generator's finally now.
-            with anyio.CancelScope(shield=True), anyio.move_on_after(REPLY_TIMEOUT * 5):
+            # Cancelled between steps, or the client vanished: run the generator's finally now,
+            # within the stop's bound if the worker is stopping (see cancel_calls).
+            deadline = min(anyio.current_time() + REPLY_TIMEOUT * 5, self._close_by)
+            with anyio.CancelScope(shield=True, deadline=deadline) as closing:
+                self._closing.add(closing)
                 try:
                     await agen.aclose()
                 except anyio.get_cancelled_exc_class():
                     raise
                 except BaseException:  # SystemExit too: nobody waits for this, so it is logged
                     log.exception("closing async generator %s failed", call.name)
+                finally:
+                    self._closing.discard(closing)
 
     def _reportable(self, call: _ServerCall, exc: BaseException) -> BaseException:
         """What to send the caller for ``exc``, which the routine raised; re-raises a
