@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import struct
+from contextlib import aclosing
 from pathlib import Path
 
 import anyio
@@ -283,6 +284,36 @@ async def slow_to_close():
             yield 1
     finally:
         await anyio.sleep(30)  # not shielded: the worker's close decides how long it may take
+
+
+@routine
+async def endless():
+    while True:
+        yield 1
+
+
+@pytest.mark.parametrize("how", ["stop", "SIGTERM"])
+async def test_a_stream_its_worker_ended_while_suspended_says_it_was_cancelled(how: str) -> None:
+    # The worker answers the suspended call RoutineCancelled, then closes the connection: the
+    # next step's send fails, and what the worker said is the answer, not the lost connection.
+    from anywool import RoutineCancelled
+    from anywool.runtime._connection import drive_stream
+
+    with anyio.fail_after(30):
+        async with LocalWorker() as worker:
+            async with WorkerConnection(worker.address) as connection:
+                items = drive_stream(lambda: connection.stream(endless.__wrapped__, (), {}))
+                async with aclosing(items):
+                    assert await items.__anext__() == 1
+                    if how == "stop":
+                        await worker.stop(0)
+                    else:
+                        process = worker._process
+                        assert process is not None
+                        process.send_signal(signal.SIGTERM)
+                        await process.wait()
+                    with pytest.raises(RoutineCancelled):
+                        await items.__anext__()
 
 
 async def test_a_stream_slow_to_close_does_not_stretch_the_stop(

@@ -589,14 +589,21 @@ class _Call:
         :param value: the pickled value sent (``ASEND``) or exception thrown (``ATHROW``).
         :returns: ``(False, item)`` for a yielded item, ``(True, None)`` when the remote
             generator is exhausted or closed.
-        :raises Exception: what the remote generator raised.
+        :raises Exception: what the remote generator raised (a worker that stopped while the
+            generator was suspended answers :class:`~anywool.errors.RoutineCancelled`).
+        :raises WorkerError: the connection was lost, with nothing from the worker before.
         """
         payload = envelope.encode_step(Step(value, _seconds_left(), _dump_context(self.name)))
         limit = payload_limit(self.connection._max_frame_size)
         if len(payload) > limit:
             raise PayloadTooLarge(f"a step of {self.name} (the value sent, or the context "
                                   "variables)", len(payload), limit)
-        await self.send(kind, payload)
+        try:
+            await self.send(kind, payload)
+        except WorkerError:
+            # The worker may have ended the call while it was suspended (it stopped) and then
+            # closed the connection: what it wrote comes before the loss, and is the answer.
+            pass
         frame = await self.next_frame()
         if frame.kind == Kind.RESULT:
             return False, self.value(frame)
