@@ -307,6 +307,38 @@ async def test_a_stream_whose_cleanup_exits_when_the_worker_closes_it_fails_only
             assert [w.metadata.pid for w in pool.workers] == [before]
 
 
+def _interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+class InterruptsWhenUnpickled:
+    def __reduce__(self):
+        return (_interrupt, ())
+
+
+@routine
+async def echo_sent():
+    value = None
+    while True:
+        value = yield value
+
+
+@pytest.mark.parametrize("where", ["argument", "sent value"])
+async def test_a_value_whose_unpickling_interrupts_fails_only_its_call(where):
+    # A worker takes SIGINT as a drain request: a KeyboardInterrupt there is a value's doing.
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=1):
+            before = await pid()
+            with pytest.raises(anywool.SerializationError, match="KeyboardInterrupt"):
+                if where == "argument":
+                    await double(InterruptsWhenUnpickled())
+                else:
+                    async with aclosing(echo_sent()) as stream:
+                        assert await stream.__anext__() is None
+                        await stream.asend(InterruptsWhenUnpickled())
+            assert [await pid(), await double(2)] == [before, 4]
+
+
 async def test_a_stray_cancellation_fails_only_its_own_call(anyio_backend, tmp_path):
     if anyio_backend != "asyncio":
         pytest.skip("a stray CancelledError is an asyncio matter")

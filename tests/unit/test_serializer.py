@@ -159,3 +159,34 @@ def test_a_module_registered_by_value_goes_to_cloudpickle() -> None:
     finally:
         cloudpickle.unregister_pickle_by_value(routines)
     assert data != pickle.dumps(routines.whoami, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+class InterruptsWhenUnpickled:
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_interrupt, ())
+
+
+def test_an_interrupt_from_unpickling_is_the_users_except_in_a_worker(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import pickle
+
+    from anywool.errors import SerializationError
+    from anywool.runtime import _serializer
+
+    data = dumps(InterruptsWhenUnpickled())
+    exception = dumps_exception(ValueError(InterruptsWhenUnpickled()))
+    with pytest.raises(KeyboardInterrupt):  # a caller's Ctrl-C may be what it is
+        loads(data)
+    # (The setting is the process's: restored after the test.)
+    monkeypatch.setattr(_serializer, "_UNPICKLING_EXITS", _serializer._UNPICKLING_EXITS)
+    _serializer.take_interrupts_as_values()
+    with pytest.raises(pickle.UnpicklingError, match="KeyboardInterrupt"):
+        loads(data)
+    with pytest.raises(SerializationError, match="cannot be unpickled"):
+        _serializer.loads_value(data, "f", "the arguments")
+    with pytest.warns(SerializationWarning):
+        assert isinstance(loads_exception(exception), RuntimeError)

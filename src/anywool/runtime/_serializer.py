@@ -65,11 +65,13 @@ def loads(data: bytes) -> Any:
     :raises Exception: whatever unpickling raises, e.g. ``ModuleNotFoundError`` when a function
         pickled by reference lives in a module this process cannot import.
     :raises pickle.UnpicklingError: unpickling raised ``SystemExit`` or ``GeneratorExit`` (a
-        value's reducer did): the process receiving a value must not exit because of it.
+        value's reducer did), or in a worker ``KeyboardInterrupt`` too (see
+        :func:`take_interrupts_as_values`): the process receiving a value must not exit
+        because of it.
     """
     try:
         return pickle.loads(data)
-    except (SystemExit, GeneratorExit) as exc:
+    except _UNPICKLING_EXITS as exc:
         raise pickle.UnpicklingError(
             f"unpickling raised {type(exc).__name__}: {exc}") from exc
 
@@ -77,6 +79,18 @@ def loads(data: bytes) -> Any:
 #: What pickling or unpickling a value may raise that is the value's doing: its reducers may raise
 #: anything, ``SystemExit`` included. ``KeyboardInterrupt`` is the user's and propagates.
 VALUE_FAILURES = (Exception, SystemExit, GeneratorExit)
+
+# What unpickling turns into UnpicklingError rather than let it end the process.
+_UNPICKLING_EXITS: tuple[type[BaseException], ...] = (SystemExit, GeneratorExit)
+
+
+def take_interrupts_as_values() -> None:
+    """Take a ``KeyboardInterrupt`` that unpickling raises as the value's doing, in this
+    process: a worker's, where SIGINT asks for a drain and never raises it, so that only a
+    value's reducer can. A call's argument, a step's value or a thrown exception that raises it
+    then fails that call alone, as any value that cannot be unpickled does."""
+    global _UNPICKLING_EXITS
+    _UNPICKLING_EXITS = (SystemExit, GeneratorExit, KeyboardInterrupt)
 
 
 def dumps_value(obj: object, routine: str, what: str, where: str = "") -> bytes:
@@ -146,7 +160,7 @@ def loads_exception(data: bytes) -> BaseException:
     try:
         fidelity, payload = pickle.loads(data)
         exc = pickle.loads(payload)
-    except (Exception, SystemExit, GeneratorExit) as error:
+    except (Exception, *_UNPICKLING_EXITS) as error:
         warnings.warn(
             f"a remote exception could not be unpickled ({type(error).__name__}: {error}); "
             "it is replaced by a RuntimeError",

@@ -64,6 +64,7 @@ from anywool._address import Address
 from anywool._errno import exhausted
 from anywool.errors import AuthenticationError
 from anywool.runtime import _lifeline, _socket, _socket_dir
+from anywool.runtime import _serializer as serializer
 from anywool.runtime._nested import NestedProxies, idle_timeout_from_environment
 from anywool.runtime._server import REPLY_TIMEOUT, STOP_TAIL, Server
 
@@ -431,6 +432,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="anywool.worker[%(process)d] %(message)s")
     # Default SIGINT handling would raise KeyboardInterrupt; we want "drain" instead.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    serializer.take_interrupts_as_values()  # so only a value can raise one here
     # An ignored signal stays ignored across exec: a parent that ignores SIGTERM (as the
     # `anywool worker` command does around its own handling) must not make us ignore it.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
