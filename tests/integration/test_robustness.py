@@ -316,6 +316,44 @@ async def test_a_stream_its_worker_ended_while_suspended_says_it_was_cancelled(h
                         await items.__anext__()
 
 
+async def test_a_step_whose_send_fails_on_a_connection_left_open_fails_not_waits(
+        tmp_path: Path) -> None:
+    # A peer that stops reading but keeps the connection open: after a moment for an answer
+    # it may have written, the failed send is the step's error, not a wait for a frame that
+    # cannot come. The connection is failed with it.
+    import socket
+
+    from anyio.abc import SocketAttribute
+
+    from anywool.runtime import _envelope, _serializer
+    from anywool.runtime._connection import drive_stream
+
+    path = str(tmp_path / "fake.sock")  # (short enough for sun_path under pytest's tmp)
+    with anyio.fail_after(20):
+        async with await anyio.create_unix_listener(path) as listener, \
+                anyio.create_task_group() as tg:
+
+            async def fake_worker() -> None:
+                async with await listener.accept() as stream:
+                    frames = FrameStream(stream, stream)
+                    call = await frames.receive()
+                    await frames.send(Frame(Kind.ACK, call.call_id))
+                    assert (await frames.receive()).kind == Kind.ASEND
+                    await frames.send(Frame(Kind.RESULT, call.call_id,
+                                            _envelope.encode_reply(_serializer.dumps(1))))
+                    stream.extra(SocketAttribute.raw_socket).shutdown(socket.SHUT_RD)
+                    await anyio.sleep_forever()
+
+            tg.start_soon(fake_worker)
+            async with WorkerConnection(f"unix:{path}") as connection:
+                items = drive_stream(lambda: connection.stream(endless.__wrapped__, (), {}))
+                assert await items.__anext__() == 1
+                with pytest.raises(WorkerError, match="connection failed"):
+                    await items.__anext__()
+                assert connection.broken
+            tg.cancel_scope.cancel()
+
+
 async def test_a_stream_slow_to_close_does_not_stretch_the_stop(
         caplog: pytest.LogCaptureFixture) -> None:
     # Suspended at a yield when its worker stops: the close the worker runs itself gets what

@@ -600,11 +600,10 @@ class _Call:
                                   "variables)", len(payload), limit)
         try:
             await self.send(kind, payload)
-        except WorkerError:
-            # The worker may have ended the call while it was suspended (it stopped) and then
-            # closed the connection: what it wrote comes before the loss, and is the answer.
-            pass
-        frame = await self.next_frame()
+        except WorkerError as failed:
+            frame = await self._answer_despite(failed)
+        else:
+            frame = await self.next_frame()
         if frame.kind == Kind.RESULT:
             return False, self.value(frame)
         self.finished = True
@@ -612,6 +611,22 @@ class _Call:
             self.end(frame)
             return True, None
         await self.raise_remote(frame)
+
+    async def _answer_despite(self, failed: WorkerError) -> Frame:
+        """What the worker wrote for this call before our send to it failed, if it comes within
+        ``_CLOSE_TIMEOUT`` seconds: a worker that stopped while the generator was suspended
+        answers :class:`~anywool.errors.RoutineCancelled`, then closes the connection. Else
+        ``failed`` is raised, and the connection is failed: a send that failed may have left
+        half a frame, and a peer that stopped reading but keeps the connection open would
+        never end it.
+        """
+        with anyio.move_on_after(_CLOSE_TIMEOUT):
+            try:
+                return await self._wait_frame()
+            except _Lost:
+                raise failed from None
+        self.connection._fail(failed.reason)
+        raise failed
 
     async def raise_remote(self, frame: Frame) -> NoReturn:
         """Raise what the worker's EXCEPTION frame says; a routine cancelled at the caller's
