@@ -283,7 +283,7 @@ async def slow_to_close():
         while True:
             yield 1
     finally:
-        await anyio.sleep(30)  # not shielded: the worker's close decides how long it may take
+        await anyio.sleep_forever()  # not shielded: only the worker's close bound ends it
 
 
 @routine

@@ -6,6 +6,7 @@ import asyncio
 import sys
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from anywool.runtime._asyncio_loop import WorkerEventLoop
@@ -16,6 +17,11 @@ KINDS = [SystemExit, KeyboardInterrupt]
 def run(main, *args):
     return anyio.run(main, *args, backend="asyncio",
                      backend_options={"loop_factory": WorkerEventLoop})
+
+
+async def checkpoint() -> None:
+    """One turn of the loop (asyncio's own idiom): what follows runs in a later step."""
+    await asyncio.sleep(0)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -29,7 +35,7 @@ def test_a_child_tasks_exception_reaches_its_task_group_and_the_loop_goes_on(kin
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(child)
             assert [type(leaf) for leaf in info.value.exceptions] == [kind]
-            await anyio.sleep(0)  # the loop runs on after the task's step
+            await anyio.lowlevel.checkpoint()  # the loop runs on after the task's step
         return "went on"
 
     assert run(main) == "went on"
@@ -52,14 +58,14 @@ def test_an_awaited_tasks_exception_is_raised_where_it_is_awaited(kind) -> None:
 def test_a_task_stepping_an_async_generator_keeps_its_exception_too() -> None:
     # The usual "next item, with a timeout": the task's first frame is the generator's own.
     async def items():
-        await asyncio.sleep(0)
+        await checkpoint()
         raise SystemExit(5)
         yield
 
     async def main() -> str:
         with pytest.raises(SystemExit):
             await asyncio.wait_for(items().__anext__(), 5)
-        await asyncio.sleep(0)
+        await checkpoint()
         return "went on"
 
     assert run(main) == "went on"
@@ -67,7 +73,7 @@ def test_a_task_stepping_an_async_generator_keeps_its_exception_too() -> None:
 
 def test_a_pure_python_tasks_exception_stays_its_own_too() -> None:
     async def child() -> None:
-        await asyncio.sleep(0)
+        await checkpoint()
         raise SystemExit(5)
 
     async def main() -> str:
@@ -75,7 +81,7 @@ def test_a_pure_python_tasks_exception_stays_its_own_too() -> None:
             lambda loop, coro, **kwargs: asyncio.tasks._PyTask(coro, loop=loop, **kwargs))
         with pytest.raises(SystemExit):
             await asyncio.ensure_future(child())
-        await asyncio.sleep(0)
+        await checkpoint()
         return "went on"
 
     assert run(main) == "went on"
@@ -83,24 +89,21 @@ def test_a_pure_python_tasks_exception_stays_its_own_too() -> None:
 
 def test_an_abandoned_generators_cleanup_keeps_its_exception() -> None:
     # asyncio closes an async generator that nobody closed in a task of its own.
-    closed = []
-
-    async def items():
+    async def items(closed: asyncio.Event):
         try:
             yield 1
             yield 2
         finally:
-            closed.append(True)
+            closed.set()
             raise SystemExit(6)
 
     async def main() -> str:
-        iterator = items()
+        closed = asyncio.Event()
+        iterator = items(closed)
         assert await iterator.__anext__() == 1
         del iterator  # (CPython frees it at once, and the loop schedules its aclose)
-        with anyio.fail_after(5):
-            while not closed:
-                await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        await asyncio.wait_for(closed.wait(), 5)
+        await checkpoint()  # the closing task's step, with its exit, is over
         return "went on"
 
     assert run(main) == "went on"
@@ -116,9 +119,9 @@ def test_a_task_nobody_awaits_is_still_reported_as_asyncio_reports_it() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(lambda loop, context: reported.append(context))
-        asyncio.create_task(child())
-        for _ in range(3):
-            await asyncio.sleep(0)
+        task = asyncio.create_task(child())
+        await asyncio.wait({task}, timeout=5)  # ended, its outcome not retrieved
+        assert task.done()
 
     run(main)
     import gc
@@ -147,7 +150,8 @@ def test_a_plain_callbacks_exit_still_ends_the_loop(how) -> None:
             future = loop.create_future()
             future.add_done_callback(lambda _: sys.exit(code))
             future.set_result(None)
-        await asyncio.sleep(5)
+        # Never set: only the callback's exit ends this (the bound fails the test otherwise).
+        await asyncio.wait_for(asyncio.Event().wait(), 5)
         return "not ended"
 
     with pytest.raises(SystemExit) as info:
@@ -161,7 +165,7 @@ def test_the_main_tasks_exception_ends_the_run(kind) -> None:
     # for the main task's SystemExit only by raising it out of the loop: kept there, the run
     # would never end (the suite's timeout would fail this test).
     async def main() -> None:
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()  # raised from a later step than the task's first
         raise kind(1)
 
     with pytest.raises(kind) as info:
@@ -171,7 +175,7 @@ def test_the_main_tasks_exception_ends_the_run(kind) -> None:
 
 def test_a_coroutine_run_to_completion_directly_ends_it_too() -> None:
     async def main() -> None:
-        await asyncio.sleep(0)
+        await checkpoint()
         raise SystemExit(2)
 
     loop = WorkerEventLoop()
