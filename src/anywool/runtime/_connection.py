@@ -292,6 +292,17 @@ class WorkerConnection(SingleUse):
             except Exception:
                 log.exception("on_room callback of %s failed", self.address)
 
+    async def _broken_by_send(self, reason: str) -> None:
+        """A send of a call failed: the connection is broken (half a frame may have gone). The
+        reader gets ``_CLOSE_TIMEOUT`` seconds to take in what the worker wrote before it
+        went and find the end itself; then the connection is failed, for a peer that stopped
+        reading but keeps the connection open would never end it."""
+        try:
+            with anyio.move_on_after(_CLOSE_TIMEOUT):
+                await self._lost.wait()
+        finally:
+            self._fail(reason)
+
     def _fail(self, reason: str) -> None:
         if self._failure is None:
             self._failure = reason
@@ -557,7 +568,9 @@ class _Call:
             await frames.send(Frame(kind, self.id, payload))
         except PEER_GONE as exc:
             self.finished = True
-            raise WorkerError(self.connection.address, f"connection failed: {exc!r}") from exc
+            reason = f"connection failed: {exc!r}"
+            await self.connection._broken_by_send(reason)
+            raise WorkerError(self.connection.address, reason) from exc
 
     async def abort(self) -> None:
         """Cancel the routine on the worker and wait until it has unwound (shielded, bounded)."""
@@ -600,10 +613,11 @@ class _Call:
                                   "variables)", len(payload), limit)
         try:
             await self.send(kind, payload)
-        except WorkerError as failed:
-            frame = await self._answer_despite(failed)
-        else:
-            frame = await self.next_frame()
+        except WorkerError:
+            # The connection is failed now (see send): what the worker wrote before it went,
+            # a stopping worker's RoutineCancelled say, is this step's answer, if anything is.
+            pass
+        frame = await self.next_frame()
         if frame.kind == Kind.RESULT:
             return False, self.value(frame)
         self.finished = True
@@ -611,22 +625,6 @@ class _Call:
             self.end(frame)
             return True, None
         await self.raise_remote(frame)
-
-    async def _answer_despite(self, failed: WorkerError) -> Frame:
-        """What the worker wrote for this call before our send to it failed, if it comes within
-        ``_CLOSE_TIMEOUT`` seconds: a worker that stopped while the generator was suspended
-        answers :class:`~anywool.errors.RoutineCancelled`, then closes the connection. Else
-        ``failed`` is raised, and the connection is failed: a send that failed may have left
-        half a frame, and a peer that stopped reading but keeps the connection open would
-        never end it.
-        """
-        with anyio.move_on_after(_CLOSE_TIMEOUT):
-            try:
-                return await self._wait_frame()
-            except _Lost:
-                raise failed from None
-        self.connection._fail(failed.reason)
-        raise failed
 
     async def raise_remote(self, frame: Frame) -> NoReturn:
         """Raise what the worker's EXCEPTION frame says; a routine cancelled at the caller's
