@@ -6,7 +6,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from anywool.runtime._callgroup import call_scope, open_call_group
+from anywool.runtime._callgroup import open_call_group, scope_factory
 
 pytestmark = pytest.mark.anyio
 
@@ -141,12 +141,12 @@ async def test_the_hosts_cancellation_reaches_the_tasks_and_exit_still_waits() -
 
 async def test_a_call_scope_cancels_and_keeps_a_deadline() -> None:
     with anyio.fail_after(5):
-        scope = call_scope()
+        scope = scope_factory()()
         scope.deadline = anyio.current_time() + 0.01
         with scope:
             await anyio.sleep_forever()
         assert scope.cancelled_caught
-        scope = call_scope()
+        scope = scope_factory()()
         scope.cancel()
         with scope:
             await anyio.sleep_forever()

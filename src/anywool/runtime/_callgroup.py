@@ -78,11 +78,6 @@ def scope_factory() -> Callable[[], Scope]:
     return anyio.CancelScope  # type: ignore[return-value]
 
 
-def call_scope() -> Scope:
-    """A cancel scope for one call (trio: ``trio.CancelScope``)."""
-    return scope_factory()()
-
-
 class _GroupScope:
     """The group's ``cancel_scope``: cancels every task of the group (those started later
     too)."""
@@ -197,4 +192,4 @@ class _AsyncioCallGroup:
             self._done.set()
 
 
-__all__ = ["CallGroup", "Scope", "call_scope", "open_call_group", "scope_factory"]
+__all__ = ["CallGroup", "Scope", "open_call_group", "scope_factory"]

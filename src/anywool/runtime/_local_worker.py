@@ -309,7 +309,8 @@ class LocalWorker(SingleUse):
             await self._kill(process)
 
         await graceful_then_forceful(
-            drain, kill, timeout=grace + STOP_TAIL + _STOP_MARGIN, what=f"stopping worker pid {process.pid}",
+            drain, kill, timeout=grace + STOP_TAIL + _STOP_MARGIN,
+            what=f"stopping worker pid {process.pid}",
             log=log, forceful_timeout=_TERM_TIMEOUT + _KILL_TIMEOUT + 2.0,
         )
 

@@ -134,14 +134,18 @@ def decode_body(body: bytes) -> Frame:
     return _parse_body(body, 0, len(body))
 
 
+def _too_short(length: int) -> FrameError:
+    return FrameError(f"a frame body of {length} bytes is shorter than its kind and call id "
+                      f"({ENVELOPE_OVERHEAD} bytes)")
+
+
 def _parse_body(data: bytes | bytearray, start: int, end: int) -> Frame:
     """The frame whose body is ``data[start:end]``.
 
     :raises FrameError: the body is shorter than a kind and a call id, or the kind is unknown.
     """
     if end - start < ENVELOPE_OVERHEAD:
-        raise FrameError(f"a frame body of {end - start} bytes is shorter than its kind and "
-                         f"call id ({ENVELOPE_OVERHEAD} bytes)")
+        raise _too_short(end - start)
     kind, call_id = _KIND_AND_ID.unpack_from(data, start)
     known = _KINDS.get(kind)
     if known is None:
@@ -330,8 +334,7 @@ class FrameStream:
                 f"announced frame body of {length} bytes exceeds the maximum of {self._max} bytes"
             )
         if length < ENVELOPE_OVERHEAD:  # known from the header: no need to wait for the body
-            raise FrameError(f"a frame body of {length} bytes is shorter than its kind and "
-                             f"call id ({ENVELOPE_OVERHEAD} bytes)")
+            raise _too_short(length)
         end = _LENGTH.size + length
         if len(buffer) < end:
             return None
