@@ -395,6 +395,17 @@ class Swept(NamedTuple):
     namespace: str | None  # the namespace it was a generation of, when recorded
 
 
+def too_young(name: str, mtime: float, now: float | None = None) -> bool:
+    """Whether the entry ``name``, last modified at ``mtime``, is too young for a sweep to take
+    its lock being free for its owner's death: a claimant locks its ``tmp-`` directory, a
+    worker its ``w-`` one, just after making it."""
+    return name.startswith(("tmp-", "w-")) and \
+        (time.time() if now is None else now) - mtime < _YOUNG
+
+
+# Seconds after which an unlocked tmp- or w- directory is dead, not on its way (see too_young).
+_YOUNG = 1.0
+
 #: What each kind of entry a sweep removes is, by its prefix.
 SWEPT_KINDS = {
     "ns-": "dead-namespace",  # a generation whose owner died
@@ -524,8 +535,7 @@ def sweep_entry(root: Path, name: str, now: float | None = None) -> Swept | None
         return None
     try:
         info = os.fstat(fd)
-        if name.startswith(("tmp-", "w-")) and \
-                (time.time() if now is None else now) - info.st_mtime < 1.0:
+        if too_young(name, info.st_mtime, now):
             return None
         if not try_lock(fd, fcntl.LOCK_EX):
             return None

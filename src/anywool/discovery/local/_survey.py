@@ -29,7 +29,13 @@ from anywool.discovery.local._binding import (
     lease_is_dead,
     recorded_name,
 )
-from anywool.discovery.local._claim import Swept, sweep_dead, sweep_entry, sweep_leftovers
+from anywool.discovery.local._claim import (
+    Swept,
+    sweep_dead,
+    sweep_entry,
+    sweep_leftovers,
+    too_young,
+)
 from anywool.discovery.local._flock import close_quietly, locked, open_dir, open_file, \
     owner_alive
 from anywool.discovery.local._keys import namespace_digest, namespace_path
@@ -50,8 +56,6 @@ __all__ = [
 #: What a generation directory can be, by its state (see :class:`NamespaceState`).
 STATES = ("live", "retiring", "dead", "sweeping", "claiming", "abandoned")
 _PREFIXES = ("ns-", "dead-", "tmp-")
-# A claimant locks its tmp- directory right after mkdir: younger unlocked ones are not dead.
-_YOUNG = 1.0
 
 
 @dataclass(frozen=True)
@@ -242,7 +246,7 @@ def _socket(path: Path) -> WorkerSocket | None:
         return None
     try:
         alive = owner_alive(fd)
-        young = time.time() - os.fstat(fd).st_mtime < _YOUNG
+        young = too_young(path.name, os.fstat(fd).st_mtime)
         return WorkerSocket(path.name, alive, not alive and not young)
     finally:
         os.close(fd)
@@ -341,6 +345,5 @@ def _state(entry: str, dir_fd: int, owner_fd: int, registry_fd: int) -> tuple[st
         return ("retiring" if retired else "live"), False
     if owner_alive(dir_fd):
         return ("sweeping" if entry.startswith("dead-") else "claiming"), False
-    young = entry.startswith("tmp-") and time.time() - os.fstat(dir_fd).st_mtime < _YOUNG
-    return "abandoned", not young
+    return "abandoned", not too_young(entry, os.fstat(dir_fd).st_mtime)
 
