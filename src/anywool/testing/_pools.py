@@ -78,9 +78,9 @@ def worker_pool(anywool_runtime_dir: Path) -> Iterator[WorkerPoolFactory]:
 
     problems = []
     for pool in pools:
-        if pool.stage == "made":
+        if not pool._entered:
             problems.append(f"{pool!r} was made but never entered (async with)")
-        elif pool.stage in ("entering", "entered"):
+        elif pool._stack is not None:  # set by an entry that succeeded, cleared by the exit
             problems.append(f"{pool!r} was entered but never exited")
     spawned = [process for pool in pools for process in pool.spawned]
     left = settle(lambda: [process for process in spawned if state(process) != "gone"])
