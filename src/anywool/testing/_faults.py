@@ -74,8 +74,9 @@ def suspended(pid: int, *, timeout: float = 5.0) -> Iterator[None]:
     Blocking: entry polls in the calling thread, for the moment the kernel needs to stop the
     process (normally well under a millisecond).
     """
-    if timeout < 0:
-        raise ValueError(f"timeout must be ≥ 0, got {timeout!r}")
+    from anywool import _validate  # here: the plugin's import loads nothing of anywool
+
+    _validate.duration("timeout", timeout, allow_zero=True)
     process = identify(pid)
     if _suspensions.get(process, 0):
         # Nested: the outermost block stopped it and is the one that continues it.
@@ -110,8 +111,9 @@ class RegistryLock:
     def __init__(self, namespace: str, *, shared: bool, timeout: float | None) -> None:
         if not isinstance(namespace, str):
             raise TypeError(f"namespace must be a str, got {namespace!r}")
-        if timeout is not None and timeout < 0:
-            raise ValueError(f"timeout must be ≥ 0 or None, got {timeout!r}")
+        from anywool import _validate  # here: the plugin's import loads nothing of anywool
+
+        _validate.seconds("timeout", timeout, allow_zero=True, optional=True)
         self.namespace = namespace
         self.shared = shared
         self._operation = fcntl.LOCK_SH if shared else fcntl.LOCK_EX

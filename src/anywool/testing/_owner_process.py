@@ -77,19 +77,20 @@ class OwnerProcess:
         return f"<OwnerProcess pid={self.pid} namespace={self.namespace!r}>"
 
 
-def _check(namespace: object, spawn: object, backend: object,
-           env: Mapping[str, str] | None) -> None:
+def _check(namespace: object, spawn: object, backend: object, env: Mapping[str, str] | None,
+           ready_timeout: object, stop_timeout: object) -> None:
+    from anywool import _validate  # here: the plugin's import loads nothing of anywool
+
     if not isinstance(namespace, str):
         raise TypeError(f"namespace must be a str, got {namespace!r}")
-    if not isinstance(spawn, int) or isinstance(spawn, bool):
-        raise TypeError(f"spawn must be an int, got {spawn!r}")
-    if not 0 <= spawn <= _MAX_SPAWN:
-        raise ValueError(f"spawn must be between 0 and {_MAX_SPAWN}, got {spawn!r}")
+    _validate.count("spawn", spawn, lower=0, upper=_MAX_SPAWN)
     if backend not in ("asyncio", "trio"):
         raise ValueError(f"backend must be 'asyncio' or 'trio', got {backend!r}")
     if env is not None and not all(isinstance(k, str) and isinstance(v, str)
                                    for k, v in env.items()):
         raise TypeError("env must map str to str")
+    _validate.duration("ready_timeout", ready_timeout, allow_zero=False)
+    _validate.duration("stop_timeout", stop_timeout, allow_zero=True)
 
 
 def _child_env(env: Mapping[str, str] | None) -> dict[str, str]:
@@ -210,11 +211,7 @@ async def owner_process(
     cancellation and takes at most ``stop_timeout`` plus about 5 seconds. Since the child also
     exits when its stdin closes because this process died, it never outlives the test run.
     """
-    _check(namespace, spawn, backend, env)
-    if not ready_timeout > 0:
-        raise ValueError(f"ready_timeout must be > 0, got {ready_timeout!r}")
-    if not stop_timeout >= 0:
-        raise ValueError(f"stop_timeout must be ≥ 0, got {stop_timeout!r}")
+    _check(namespace, spawn, backend, env, ready_timeout, stop_timeout)
     command = [sys.executable, "-m", "anywool.testing._owner_main",
                json.dumps(namespace), str(spawn), backend]
     with tempfile.TemporaryFile() as stderr:

@@ -20,7 +20,6 @@ import pytest
 
 from anywool.testing._settle import GRACE, settle
 
-_ENV_VAR = "ANYWOOL_RUNTIME_DIR"  # anywool._runtime_dir.ENV_VAR, without importing it
 
 
 def make_runtime_dir() -> Path:
@@ -79,12 +78,13 @@ def anywool_runtime_dir() -> Iterator[Path]:
     still remove its files), then removes the directory with whatever is left in it. Anything
     left fails the test (an error at teardown) naming each entry, a level deep.
     """
+    from anywool._runtime_dir import ENV_VAR
     from anywool.discovery.local import _claim
 
     with pytest.MonkeyPatch.context() as patch:
         path = make_runtime_dir()
         try:
-            patch.setenv(_ENV_VAR, str(path))
+            patch.setenv(ENV_VAR, str(path))
             # Claims sweep the runtime directory at most every few seconds per process: a test
             # must not depend on when the tests before it in this process swept theirs.
             patch.setattr(_claim, "_last_sweep", -math.inf)
