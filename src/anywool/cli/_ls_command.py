@@ -47,7 +47,7 @@ def ls(as_json: bool, runtime_dir: str | None) -> None:
     """
     root, _ = runtime_root(runtime_dir)
     with refused(runtime_dir):
-        found = _survey.survey()
+        found = _survey.survey(root)
     if as_json:
         emit({"runtime_dir": str(found.root), "exists": found.exists,
               "namespaces": [namespace_document(state) for state in found.namespaces],

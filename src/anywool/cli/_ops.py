@@ -51,7 +51,13 @@ from rich.text import Text
 
 from anywool import _runtime_dir
 from anywool.discovery.local._claim import Swept
-from anywool.discovery.local._survey import LeaseState, NamespaceState, WorkerEntry, WorkerSocket
+from anywool.discovery.local._survey import (
+    LeaseState,
+    NamespaceState,
+    WorkerEntry,
+    WorkerSocket,
+    locate,
+)
 from anywool.metadata import WorkerMetadata
 
 __all__ = [
@@ -120,10 +126,7 @@ def runtime_root(option: str | None) -> tuple[Path, bool]:
     # Any other OSError (a path through a file, a loop of symlinks, one too long) is a path
     # that cannot be a runtime directory: a usage error too.
     with refused(option, (ValueError, OSError)):
-        try:
-            return _runtime_dir.runtime_dir(create=False), True
-        except FileNotFoundError:
-            return _runtime_dir._configured(), False
+        return locate()
 
 
 @contextmanager

@@ -51,11 +51,13 @@ def reclaim(namespace: str | None, as_json: bool, runtime_dir: str | None) -> No
     state = None
     with refused(runtime_dir):
         if namespace is not None:
-            state = _survey.find(namespace) if exists else None
+            state = _survey.find(namespace, root) if exists else None
             if state is None:
                 raise click.ClickException(
                     f"no generation of namespace {namespace!r} in {where(root)}")
-        removed = _survey.reclaim(namespace=namespace) if exists else []
+            removed = _survey.reclaim_state(root, state)
+        else:
+            removed = _survey.reclaim(root) if exists else []
     if as_json:
         emit({"runtime_dir": str(root), "namespace": namespace,
               "state": None if state is None else state.state,

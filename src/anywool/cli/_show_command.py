@@ -49,7 +49,7 @@ def show(namespace: str, as_json: bool, runtime_dir: str | None) -> None:
     """
     root, exists = runtime_root(runtime_dir)
     with refused(runtime_dir):
-        state = _survey.find(namespace) if exists else None
+        state = _survey.find(namespace, root) if exists else None
     if state is None:
         raise click.ClickException(f"no generation of namespace {namespace!r} in {where(root)}")
     if as_json:

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from anywool._runtime_dir import runtime_dir
+from anywool._runtime_dir import _configured, runtime_dir
 from anywool.discovery.local._binding import (
     Generation,
     lease_ids,
@@ -49,7 +49,9 @@ __all__ = [
     "WorkerEntry",
     "WorkerSocket",
     "find",
+    "locate",
     "reclaim",
+    "reclaim_state",
     "survey",
 ]
 
@@ -143,9 +145,8 @@ def survey(root: Path | None = None, *, lock_timeout: float = 1.0) -> Survey:
     :raises ValueError, PermissionError: as :func:`~anywool._runtime_dir.runtime_dir` (a
         relative ``$ANYWOOL_RUNTIME_DIR``, a directory that is not safe to trust).
     """
-    root = _root(root)
     if root is None:
-        return Survey(_default_path(), False, (), ())
+        root = locate()[0]
     try:
         names = sorted(os.listdir(root))
     except FileNotFoundError:
@@ -176,9 +177,8 @@ def find(namespace: str, root: Path | None = None, *,
 
     :raises ValueError, PermissionError: as :func:`survey`.
     """
-    root = _root(root)
     if root is None:
-        return None
+        root = locate()[0]
     path = namespace_path(namespace, root)
     state = _read(path, lock_timeout, expect=namespace_digest(namespace))
     if state is None and _is_entry(namespace):
@@ -200,14 +200,18 @@ def reclaim(root: Path | None = None, namespace: str | None = None) -> list[Swep
     :returns: what was removed.
     :raises ValueError, PermissionError: as :func:`survey`.
     """
-    root = _root(root)
     if root is None:
-        return []
+        root = locate()[0]
     if namespace is None:
         return sweep_leftovers(root)
     state = find(namespace, root, lock_timeout=0)  # only which entry: no registry wait
-    if state is None:
-        return []
+    return [] if state is None else reclaim_state(root, state)
+
+
+def reclaim_state(root: Path, state: NamespaceState) -> list[Swept]:
+    """Remove the generation ``state`` describes (as :func:`find` read it in ``root``), if
+    what held it is dead: :func:`reclaim` of one namespace, for a caller that found it
+    already. Decided again under the kernel lock, as :func:`reclaim` decides."""
     if state.entry.startswith("ns-"):
         swept = sweep_dead(root, root / state.entry)
     else:
@@ -218,19 +222,16 @@ def reclaim(root: Path | None = None, namespace: str | None = None) -> list[Swep
 # -- reading one entry ---------------------------------------------------------------------------
 
 
-def _root(root: Path | None) -> Path | None:
-    if root is not None:
-        return root
+def locate() -> tuple[Path, bool]:
+    """The runtime directory this process uses (see :func:`~anywool._runtime_dir.runtime_dir`)
+    and whether it exists; never created, nor its mode changed, by a reader.
+
+    :raises ValueError, PermissionError: as :func:`~anywool._runtime_dir.runtime_dir`.
+    """
     try:
-        return runtime_dir(create=False)  # never created, nor its mode changed, by a reader
+        return runtime_dir(create=False), True
     except FileNotFoundError:
-        return None
-
-
-def _default_path() -> Path:
-    from anywool._runtime_dir import _configured
-
-    return _configured()
+        return _configured(), False
 
 
 def _is_entry(name: str) -> bool:
