@@ -310,26 +310,33 @@ async def test_watch_off_a_terminal_prints_a_line_per_event_until_sigterm(
                 await stop([child])
 
 
-def test_once_the_watch_has_stopped_further_signals_are_ignored(namespace: str,
-                                                                 anyio_backend: str) -> None:
-    # A second Ctrl-C or SIGTERM while the command exits must not kill it by that signal:
-    # Python's shutdown restores the default handlers, except for ignored signals.
-    from click.testing import CliRunner
-
+@pytest.fixture
+def watch_in_process():
+    """``watch``'s module, for tests that run it in this process: the signal handlers it
+    installs and the signals it noted are this process's, and are undone afterwards."""
     from anywool.cli import _watch_command
 
     saved = {number: signal.getsignal(number) for number in _watch_command._SIGNALS}
-    _watch_command._noted.append(signal.SIGTERM)  # as if the first one came at once
     try:
-        result = CliRunner().invoke(_watch_command.watch, [namespace, "--json",
-                                                           "--backend", anyio_backend])
-        assert result.exit_code == 0, result.output
-        assert all(signal.getsignal(number) is signal.SIG_IGN
-                   for number in _watch_command._SIGNALS)
+        yield _watch_command
     finally:
         _watch_command._noted.clear()
         for number, handler in saved.items():
             signal.signal(number, handler)
+
+
+def test_once_the_watch_has_stopped_further_signals_are_ignored(
+        namespace: str, anyio_backend: str, watch_in_process) -> None:
+    # A second Ctrl-C or SIGTERM while the command exits must not kill it by that signal:
+    # Python's shutdown restores the default handlers, except for ignored signals.
+    from click.testing import CliRunner
+
+    watch_in_process._noted.append(signal.SIGTERM)  # as if the first one came at once
+    result = CliRunner().invoke(watch_in_process.watch, [namespace, "--json",
+                                                         "--backend", anyio_backend])
+    assert result.exit_code == 0, result.output
+    assert all(signal.getsignal(number) is signal.SIG_IGN
+               for number in watch_in_process._SIGNALS)
 
 
 async def test_a_signal_ignored_when_the_watch_starts_stays_ignored(namespace: str) -> None:
@@ -383,18 +390,13 @@ async def test_watch_ends_when_its_reader_goes_even_in_a_quiet_namespace(
                 child.stderr.close()
 
 
-def test_a_signal_before_the_watch_follows_stops_it(namespace: str,
-                                                    anyio_backend: str) -> None:
+def test_a_signal_before_the_watch_follows_stops_it(namespace: str, anyio_backend: str,
+                                                    watch_in_process) -> None:
     # A signal noted while the command starts (before the event loop's receiver is open) is
     # honoured as soon as it is: the watch ends at once, without reading the namespace.
-    from anywool.cli import _watch_command
-
-    _watch_command._noted.append(signal.SIGINT)
-    try:
-        view = _watch_command._JsonLines()
-        assert anyio.run(_watch_command._follow, namespace, view, backend=anyio_backend) is None
-    finally:
-        _watch_command._noted.clear()
+    watch_in_process._noted.append(signal.SIGINT)
+    view = watch_in_process._JsonLines()
+    assert anyio.run(watch_in_process._follow, namespace, view, backend=anyio_backend) is None
 
 
 def test_a_reader_that_stops_early_ends_the_command_quietly(namespace: str) -> None:
