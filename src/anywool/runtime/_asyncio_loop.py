@@ -45,10 +45,15 @@ class WorkerEventLoop(asyncio.SelectorEventLoop):
     _waited: asyncio.Future[Any] | None = None
 
     def run_until_complete(self, future: Generator[Any, None, _T] | Awaitable[_T]) -> _T:
+        made = not asyncio.isfuture(future)
         waited = asyncio.ensure_future(cast("Awaitable[_T]", future), loop=self)
         self._waited = waited
         try:
             return super().run_until_complete(waited)
+        except BaseException:
+            if made and waited.done() and not waited.cancelled():
+                waited.exception()  # as asyncio does for a task it made: raised here, retrieved
+            raise
         finally:
             self._waited = None
 
