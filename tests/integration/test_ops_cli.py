@@ -378,7 +378,10 @@ async def test_watch_ends_when_its_reader_goes_even_in_a_quiet_namespace(
                 cwd=REPO, env=_environment())
             try:
                 assert child.stdout is not None and child.stderr is not None
-                line = await anyio.to_thread.run_sync(child.stdout.readline)
+                # Abandoned if the deadline passes: it holds only this pipe's reader, and ends
+                # when the finally kills the child.
+                line = await anyio.to_thread.run_sync(child.stdout.readline,
+                                                      abandon_on_cancel=True)
                 assert json.loads(line)["type"] == "worker-added"
                 child.stdout.close()
                 assert await anyio.to_thread.run_sync(child.wait, 20) == 0

@@ -19,6 +19,15 @@ def run(main, *args):
                      backend_options={"loop_factory": WorkerEventLoop})
 
 
+def watchdog(loop: asyncio.AbstractEventLoop, fired: list[bool]) -> None:
+    """Stop ``loop`` in 5 s, noting it in ``fired``: a run that only this ends is a hang."""
+    def stop() -> None:
+        fired.append(True)
+        loop.stop()
+
+    loop.call_later(5, stop)
+
+
 async def checkpoint() -> None:
     """One turn of the loop (asyncio's own idiom): what follows runs in a later step."""
     await asyncio.sleep(0)
@@ -107,6 +116,9 @@ def test_an_abandoned_generators_cleanup_keeps_its_exception() -> None:
         return "went on"
 
     assert run(main) == "went on"
+    import gc
+
+    gc.collect()  # now: the closing task's unretrieved outcome is reported here, not later
 
 
 def test_a_task_nobody_awaits_is_still_reported_as_asyncio_reports_it() -> None:
@@ -163,14 +175,18 @@ def test_a_plain_callbacks_exit_still_ends_the_loop(how) -> None:
 def test_the_main_tasks_exception_ends_the_run(kind) -> None:
     # The worker's own start-up errors leave this way (exit status 1). asyncio stops the loop
     # for the main task's SystemExit only by raising it out of the loop: kept there, the run
-    # would never end (the suite's timeout would fail this test).
+    # would never end by itself.
+    fired: list[bool] = []
+
     async def main() -> None:
+        watchdog(asyncio.get_running_loop(), fired)
         await anyio.lowlevel.checkpoint()  # raised from a later step than the task's first
         raise kind(1)
 
     with pytest.raises(kind) as info:
         run(main)
     assert info.value.args == (1,)
+    assert not fired  # the raise ended the run, not the watchdog
 
 
 def test_a_coroutine_run_to_completion_directly_ends_it_too() -> None:
@@ -179,12 +195,24 @@ def test_a_coroutine_run_to_completion_directly_ends_it_too() -> None:
         raise SystemExit(2)
 
     loop = WorkerEventLoop()
+    reported: list[dict] = []
+    loop.set_exception_handler(lambda loop, context: reported.append(context))
+    fired: list[bool] = []
+    watchdog(loop, fired)
     try:
         with pytest.raises(SystemExit) as info:
             loop.run_until_complete(main())
         assert info.value.code == 2
+        assert not fired
+        del info  # its traceback holds the task
     finally:
         loop.close()
+    import gc
+
+    gc.collect()
+    # Raised here, so retrieved: the task made for the coroutine is not reported as never
+    # retrieved (asyncio's own loop does the same for the task it makes).
+    assert reported == []
 
 
 def test_the_hook_is_where_the_loop_expects_it() -> None:
