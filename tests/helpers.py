@@ -10,6 +10,7 @@ from typing import BinaryIO
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
+import pytest
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream
 
@@ -75,21 +76,21 @@ async def wait_until(predicate: Callable[[], bool | Awaitable[bool]], what: str,
     assert await holds(), f"timed out after {timeout} s waiting for {what}"
 
 
-def colliding_names() -> tuple[str, str]:
-    """Two namespace names whose keys collide, with ``_keys.KEY_BYTES`` shrunk to 1 (the caller
-    monkeypatches it: 256 keys, so collisions are easy to find)."""
-    import itertools
-
+def colliding_names(monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    """Two namespace names whose keys collide, with ``_keys.KEY_BYTES`` shrunk to 1 for the rest
+    of the test: 256 keys, so among 257 names two must collide."""
     from anywool.discovery.local import _keys
 
+    monkeypatch.setattr(_keys, "KEY_BYTES", 1)
     seen: dict[str, str] = {}
-    for index in itertools.count():
+    for index in range(257):
         name = f"n{index}"
         key = _keys.namespace_key(name)
         if key in seen:
             return seen[key], name
         seen[key] = name
-    raise AssertionError("unreachable")
+    raise AssertionError(f"257 names gave {len(seen)} distinct keys of 1 byte: KEY_BYTES "
+                         "is no longer what namespace_key uses")
 
 
 class Touch:

@@ -56,8 +56,7 @@ def test_keys_are_hashed_domain_separated_and_fixed_length():
 
 
 def test_key_collision_never_binds_the_other_namespace(monkeypatch):
-    monkeypatch.setattr(_keys, "KEY_BYTES", 1)  # 256 keys: collisions are easy to find
-    first, second = colliding_names()
+    first, second = colliding_names(monkeypatch)
     claim = _claim.claim(first, capacity=2, block_size=256)
     try:
         with pytest.raises(DiscoveryNamespaceNotFound):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from anywool.discovery.local import _binding, _claim, _keys, _survey
+from anywool.discovery.local import _binding, _claim, _survey
 
 from ..helpers import colliding_names, worker
 
@@ -223,8 +223,7 @@ def test_a_reader_leaves_the_directory_mode_as_it_is(runtime_dir: Path, namespac
 
 def test_a_colliding_key_is_not_the_namespace(monkeypatch: pytest.MonkeyPatch,
                                               runtime_dir: Path) -> None:
-    monkeypatch.setattr(_keys, "KEY_BYTES", 1)  # 256 keys: collisions are easy to find
-    first, second = colliding_names()
+    first, second = colliding_names(monkeypatch)
     entry = dead_owner(first)
     assert _survey.find(second) is None
     assert _survey.reclaim(namespace=second) == []
