@@ -250,14 +250,14 @@ async def pid() -> int:
 
 
 @pytest.mark.parametrize("kind", ["exit", "interrupt"])
-async def test_a_base_exception_in_a_routines_child_task_fails_only_that_call(kind):
+async def test_a_base_exception_in_a_routines_child_task_fails_only_that_call(kind, worker_pool):
     # asyncio also re-raises such an exception out of its event loop once the task has stored
     # it (CPython gh-102572), which would end the worker and every call on it.
     from anywool import RoutineAborted
 
     expected = SystemExit if kind == "exit" else KeyboardInterrupt
     with anyio.fail_after(60):
-        async with WorkerPool(spawn=1) as pool:
+        async with worker_pool(spawn=1) as pool:
             (worker,) = pool.workers
             before = await pid()
             with pytest.raises(RoutineAborted) as info:
@@ -289,13 +289,13 @@ async def exits_when_closed(kind: str, mark: str):
 
 @pytest.mark.parametrize("kind", ["exit", "child"])
 async def test_a_stream_whose_cleanup_exits_when_the_worker_closes_it_fails_only_itself(
-        kind, tmp_path):
+        kind, tmp_path, worker_pool):
     # The caller is cancelled between steps, so the worker closes the generator itself, where
     # no caller waits for what the close raises: it is logged, and the connection and the
     # worker go on.
     mark = tmp_path / "closed"
     with anyio.fail_after(60):
-        async with WorkerPool(spawn=1) as pool:
+        async with worker_pool(spawn=1) as pool:
             before = await pid()
             with anyio.CancelScope() as scope:
                 async with aclosing(exits_when_closed(kind, str(mark))) as items:
@@ -324,10 +324,10 @@ async def echo_sent():
 
 
 @pytest.mark.parametrize("where", ["argument", "sent value"])
-async def test_a_value_whose_unpickling_interrupts_fails_only_its_call(where):
+async def test_a_value_whose_unpickling_interrupts_fails_only_its_call(where, worker_pool):
     # A worker takes SIGINT as a drain request: a KeyboardInterrupt there is a value's doing.
     with anyio.fail_after(60):
-        async with WorkerPool(spawn=1):
+        async with worker_pool(spawn=1):
             before = await pid()
             with pytest.raises(anywool.SerializationError, match="KeyboardInterrupt"):
                 if where == "argument":
