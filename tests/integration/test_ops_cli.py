@@ -293,12 +293,12 @@ async def test_watch_json_follows_workers_until_sigint(namespace: str, runtime_d
 
 
 async def test_watch_off_a_terminal_prints_a_line_per_event_until_sigterm(
-        namespace: str) -> None:
+        namespace: str, anyio_backend: str) -> None:
     metadata = worker(tags={"gpu"})
     with anyio.fail_after(30):
         async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
             await publisher.publish("worker-added", metadata)
-            child = await watching(namespace)
+            child = await watching(namespace, "--backend", anyio_backend)
             try:
                 fields = (await child.readline()).split()
                 assert fields[1:] == ["worker-added", str(metadata.uid), metadata.address,
@@ -339,7 +339,8 @@ def test_once_the_watch_has_stopped_further_signals_are_ignored(
                for number in watch_in_process._SIGNALS)
 
 
-async def test_a_signal_ignored_when_the_watch_starts_stays_ignored(namespace: str) -> None:
+async def test_a_signal_ignored_when_the_watch_starts_stays_ignored(namespace: str,
+                                                                   anyio_backend: str) -> None:
     # As in a shell's background job, started with SIGINT ignored: SIGINT does not stop it.
     ignoring = "import signal, runpy, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); " \
                "sys.argv[1:1] = ['watch']; runpy.run_module('anywool.cli', run_name='__main__')"
@@ -347,7 +348,8 @@ async def test_a_signal_ignored_when_the_watch_starts_stays_ignored(namespace: s
         async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
             await publisher.publish("worker-added", worker())
             process = await anyio.open_process(
-                [sys.executable, "-c", ignoring, namespace, "--json"], cwd=REPO,
+                [sys.executable, "-c", ignoring, namespace, "--json", "--backend",
+                 anyio_backend], cwd=REPO,
                 env=_environment(), stderr=subprocess.PIPE)
             child = Child(process)
             try:
