@@ -268,7 +268,14 @@ def test_the_runtime_dir_is_fresh_private_short_and_named_by_the_environment(
     pytester.runpytest().assert_outcomes(passed=3)
 
 
-def test_a_file_left_in_the_runtime_dir_fails_the_test_naming_it(pytester: pytest.Pytester) -> None:
+def test_a_file_left_in_the_runtime_dir_fails_the_test_naming_it(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    import functools
+
+    from anywool.testing import _runtime
+
+    # The inner run is in this process: its grace shortened (the wait itself is tested below).
+    monkeypatch.setattr(_runtime, "settle", functools.partial(_runtime.settle, grace=0.05))
     pytester.makepyfile(test_suite="""
         def test_leaves_files(anywool_runtime_dir):
             (anywool_runtime_dir / "stray").write_text("")
@@ -337,10 +344,15 @@ LEAKING_SUITE = """
 import os
 import threading
 
+import functools
+
 import anyio
 import pytest
 
-from anywool.testing import kill_worker
+from anywool.testing import _pools, kill_worker
+
+# A short grace: a leaked pool's workers stay until killed, however long it waits.
+_pools.settle = functools.partial(_pools.settle, grace=0.2)
 
 
 class Leaker:
