@@ -355,15 +355,19 @@ def bind(namespace: str, root: Path | None = None) -> Binding:
         raise DiscoveryNamespaceNotFound(namespace) from None
 
 
-def recorded_name(dir_fd: int) -> str | None:
+def recorded_name(dir_fd: int, digest: bytes | None = None) -> str | None:
     """The name of the namespace whose generation ``dir_fd`` is, as its claim recorded it
-    (``None``: not recorded, unreadable, or not matching the registry's digest)."""
+    (``None``: not recorded, unreadable, or not matching the registry's digest).
+
+    :param digest: the registry header's digest, when the caller has read it already.
+    """
     try:
-        fd = open_file("registry", os.O_RDONLY, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        digest = read_header(fd).digest
+        if digest is None:
+            fd = open_file("registry", os.O_RDONLY, dir_fd=dir_fd)
+            try:
+                digest = read_header(fd).digest
+            finally:
+                os.close(fd)
         name_fd = open_file(NAME_FILE, os.O_RDONLY, dir_fd=dir_fd)
         try:
             data = os.read(name_fd, MAX_NAME_BYTES + 1)
@@ -371,8 +375,6 @@ def recorded_name(dir_fd: int) -> str | None:
             os.close(name_fd)
     except (OSError, ValueError):
         return None
-    finally:
-        os.close(fd)
     return decode_name(data, digest) if len(data) <= MAX_NAME_BYTES else None
 
 

@@ -18,13 +18,13 @@ from __future__ import annotations
 import fcntl
 import os
 import struct
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from anywool._runtime_dir import _configured, runtime_dir
 from anywool.discovery.local._binding import (
-    Generation,
     lease_ids,
     lease_is_dead,
     recorded_name,
@@ -39,7 +39,13 @@ from anywool.discovery.local._claim import (
 from anywool.discovery.local._flock import close_quietly, locked, open_dir, open_file, \
     owner_alive
 from anywool.discovery.local._keys import namespace_digest, namespace_path
-from anywool.discovery.local._layout import EMPTY_UID, check_header, read_counter, read_header
+from anywool.discovery.local._layout import (
+    EMPTY_UID,
+    Table,
+    check_header,
+    read_counter,
+    read_header,
+)
 from anywool.metadata import WorkerMetadata
 
 __all__ = [
@@ -284,7 +290,7 @@ def _read(path: Path, lock_timeout: float, expect: bytes | None = None) -> Names
             return None
         entry = path.name
         state, reclaimable = _state(entry, dir_fd, owner_fd, registry_fd)
-        name = recorded_name(dir_fd) if header is not None else None
+        name = recorded_name(dir_fd, header.digest) if header is not None else None
         workers: tuple[WorkerEntry, ...] | None = None
         leases: dict[bytes, bool] = {}
         changes = None
@@ -294,12 +300,13 @@ def _read(path: Path, lock_timeout: float, expect: bytes | None = None) -> Names
             pass  # removed meanwhile
         per_lease: dict[bytes, int] = dict.fromkeys(leases, 0)
         if header is not None:
-            generation = Generation(name or entry, path, dir_fd, registry_fd, header, owner_fd)
+            table = Table(registry_fd, header.capacity, header.block_size)
             try:
-                with locked(registry_fd, generation.guard, fcntl.LOCK_SH, lock_timeout,
+                # A lock of its own for the guard: no other thread of ours uses this descriptor.
+                with locked(registry_fd, threading.Lock(), fcntl.LOCK_SH, lock_timeout,
                             name or entry):
-                    changes, view = generation.table.snapshot()
-                    slots = generation.table.slots()
+                    changes, view = table.snapshot()
+                    slots = table.slots()
             except TimeoutError:
                 error = ("its registry lock was held by another process" +
                          (f" for more than {lock_timeout:.2g} s" if lock_timeout else ""))
@@ -317,8 +324,6 @@ def _read(path: Path, lock_timeout: float, expect: bytes | None = None) -> Names
                     else:
                         entries.append(WorkerEntry(metadata, None, None))
                 workers = tuple(entries)
-            finally:
-                generation.registry_fd = generation.owner_fd = generation.dir_fd = -1
         lease_states = tuple(LeaseState(lease.hex(), leases.get(lease, False), count)
                              for lease, count in sorted(per_lease.items()))
         return NamespaceState(
