@@ -278,6 +278,12 @@ def worker_columns(table: Table) -> None:
     table.add_column("tags", overflow="fold")
 
 
+def worker_cells(metadata: WorkerMetadata) -> tuple[str | Text, ...]:
+    """A worker's cells in the columns of :func:`worker_columns`."""
+    return (short(metadata.uid.hex), text(metadata.address, limit=256), str(metadata.pid),
+            text(", ".join(sorted(metadata.tags))))
+
+
 def short(hex_digits: str) -> str:
     """A uid's or lease's first 8 hex digits, as tables show them (JSON has them in full)."""
     return hex_digits[:8]

@@ -30,6 +30,7 @@ from anywool.cli._ops import (
     state_text,
     text,
     where,
+    worker_cells,
     worker_columns,
 )
 from anywool.discovery.local import _survey
@@ -75,9 +76,7 @@ def show(namespace: str, as_json: bool, runtime_dir: str | None) -> None:
             publisher = Text.assemble(short(entry.lease), " ", ("alive", "green"))
         else:
             publisher = Text.assemble(short(entry.lease), " ", ("dead", "red"))
-        table.add_row(short(metadata.uid.hex), text(metadata.address, limit=256),
-                      str(metadata.pid), text(", ".join(sorted(metadata.tags))),
-                      text(metadata.version, limit=16), publisher)
+        table.add_row(*worker_cells(metadata), text(metadata.version, limit=16), publisher)
     out.print(table)
 
 

@@ -47,6 +47,7 @@ from anywool.cli._ops import (
     silence_stdout,
     text,
     where,
+    worker_cells,
     worker_columns,
     worker_document,
 )
@@ -274,10 +275,7 @@ class _LiveTable(_View):
         table.add_column("last event", no_wrap=True)
         table.add_column("at", no_wrap=True)
         for event, when in workers:
-            metadata = event.metadata
-            table.add_row(short(metadata.uid.hex), text(metadata.address, limit=256),
-                          str(metadata.pid), text(", ".join(sorted(metadata.tags))),
-                          event.type, _clock(when))
+            table.add_row(*worker_cells(event.metadata), event.type, _clock(when))
         if last is None:
             table.caption = "no events yet"
         else:
