@@ -25,6 +25,7 @@ from anywool.testing._settle import settle
 
 if TYPE_CHECKING:
     from anywool.discovery.local._binding import Binding
+    from anywool.discovery.local._flock import locked
     from anywool.runtime._pool import WorkerPool
 
 
@@ -119,9 +120,7 @@ class RegistryLock:
         self._operation = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
         self._timeout = timeout
         self._binding: Binding | None = None
-
-    def _describe(self) -> str:
-        return f"discovery namespace {self.namespace!r}"
+        self._held: locked | None = None
 
     def _bind(self) -> Binding:
         if self._binding is not None:
@@ -132,16 +131,17 @@ class RegistryLock:
         return bind(self.namespace)
 
     def _acquire(self, checkpoint: Callable[[], None] | None = None) -> RegistryLock:
-        from anywool.discovery.local._flock import lock_with_backoff
+        from anywool.discovery.local._flock import locked
 
         binding = self._bind()
+        held = locked(binding.registry_fd, binding.guard, self._operation, self._timeout,
+                      self.namespace, checkpoint)
         try:
-            lock_with_backoff(binding.registry_fd, self._operation, timeout=self._timeout,
-                              describe=self._describe, checkpoint=checkpoint)
+            held.__enter__()
         except BaseException:
             binding.close()
             raise
-        self._binding = binding
+        self._binding, self._held = binding, held
         return self
 
     def __enter__(self) -> RegistryLock:
@@ -154,12 +154,10 @@ class RegistryLock:
 
     def release(self) -> None:
         """Release the lock now (idempotent); the block's end does the same."""
-        binding, self._binding = self._binding, None
-        if binding is not None:
-            from anywool.discovery.local._flock import unlock
-
+        binding, held, self._binding, self._held = self._binding, self._held, None, None
+        if binding is not None and held is not None:
             try:
-                unlock(binding.registry_fd)
+                held.__exit__(None, None, None)
             finally:
                 binding.close()
 
