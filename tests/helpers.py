@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import uuid
 from pathlib import Path
-from typing import BinaryIO
-from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, BinaryIO
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import anyio
 import pytest
@@ -16,6 +17,9 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from anywool.discovery._protocols import DiscoveryEvent, DiscoverySubscriberLike
 from anywool.metadata import WorkerMetadata
+
+if TYPE_CHECKING:
+    from anywool.discovery.local._claim import Claim
 
 
 def worker(address: str = "unix:/tmp/none.sock", **fields: object) -> WorkerMetadata:
@@ -185,3 +189,28 @@ def exception_of(payload: bytes) -> BaseException:
     from anywool.runtime import _envelope, _serializer
 
     return _serializer.loads_exception(_envelope.decode_reply(payload)[0])
+
+
+@contextlib.contextmanager
+def owned(namespace: str) -> Iterator[Claim]:
+    """Own ``namespace`` in this process, with a small registry, for the block."""
+    from anywool.discovery.local import _claim
+
+    claim = _claim.claim(namespace, capacity=4, block_size=256)
+    try:
+        yield claim
+    finally:
+        claim.release()
+
+
+def leftover(runtime_dir: Path, prefix: str, *, age: float = 60.0) -> str:
+    """What a killed process leaves in ``runtime_dir``: an unlocked ``prefix`` directory
+    (``tmp-``, ``dead-``, ``w-``), last modified ``age`` seconds ago; its name."""
+    import secrets
+    import time
+
+    path = runtime_dir / f"{prefix}{secrets.token_hex(8)}"
+    path.mkdir(mode=0o700)
+    then = time.time() - age
+    os.utime(path, (then, then))
+    return path.name

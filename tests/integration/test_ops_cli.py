@@ -9,15 +9,14 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import anyio
 import pytest
 
-from anywool.discovery.local import LocalDiscovery, _claim
+from anywool.discovery.local import LocalDiscovery
 
-from ..helpers import worker
+from ..helpers import leftover, owned, worker
 from .children import REPO, Child, start, stop
 
 pytestmark = pytest.mark.anyio
@@ -92,15 +91,6 @@ async def announcer(namespace: str, count: int, role: str) -> Child:
     child = await start(ANNOUNCER, namespace, str(count), role)
     assert await child.readline() == "ready"
     return child
-
-
-def dead_worker_socket(runtime_dir: Path) -> str:
-    """What a killed worker leaves: its socket directory, unlocked, older than a second."""
-    path = runtime_dir / f"w-{uuid.uuid4().hex[:16]}"
-    path.mkdir(mode=0o700)
-    (path / "s").touch()
-    os.utime(path, (0, 0))
-    return path.name
 
 
 # -- ls ------------------------------------------------------------------------------------------
@@ -182,7 +172,7 @@ async def test_a_sigkilled_owner_is_listed_dead_and_reclaimed(namespace: str,
         try:
             child.kill()
             await child.wait()
-            socket = dead_worker_socket(runtime_dir)
+            socket = leftover(runtime_dir, "w-")  # a killed worker's socket directory
             listed = await document("ls")
             (state,) = listed["namespaces"]
             assert (state["name"], state["state"], state["reclaimable"]) == \
@@ -405,8 +395,7 @@ def test_a_signal_before_the_watch_follows_stops_it(namespace: str, anyio_backen
 
 
 def test_a_reader_that_stops_early_ends_the_command_quietly(namespace: str) -> None:
-    claim = _claim.claim(namespace, capacity=4, block_size=256)
-    try:
+    with owned(namespace):
         read, write = os.pipe()
         os.close(read)  # nobody will ever read: the first write fails
         try:
@@ -416,30 +405,24 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(namespace: str) -> N
         finally:
             os.close(write)
         assert (result.returncode, result.stderr) == (0, "")
-    finally:
-        claim.release()
 
 
 def test_readers_leave_the_runtime_directory_as_they_find_it(runtime_dir: Path,
                                                              namespace: str) -> None:
-    claim = _claim.claim(namespace, capacity=4, block_size=256)
-    try:
+    with owned(namespace):
         runtime_dir.chmod(0o750)  # readable by the group: the user's choice, not ours to undo
-        for args in (["ls"], ["show", namespace], ["reclaim", namespace]):
-            assert run(*args).returncode == 0
-            assert runtime_dir.stat().st_mode & 0o777 == 0o750
-    finally:
-        runtime_dir.chmod(0o700)
-        claim.release()
+        try:
+            for args in (["ls"], ["show", namespace], ["reclaim", namespace]):
+                assert run(*args).returncode == 0
+                assert runtime_dir.stat().st_mode & 0o777 == 0o750
+        finally:
+            runtime_dir.chmod(0o700)
 
 
 def test_names_and_paths_are_shown_escaped_and_visible(runtime_dir: Path) -> None:
-    claim = _claim.claim("", capacity=4, block_size=256)
-    try:
+    with owned(""):
         listed = run("ls").stdout.splitlines()
         assert any(line.startswith("''") for line in listed), listed  # the empty name
-    finally:
-        claim.release()
     odd = str(runtime_dir / "a\nb\x1b[31mred")
     result = run("ls", "--runtime-dir", odd)
     assert result.returncode == 0
@@ -483,13 +466,10 @@ def test_usage_errors_are_exit_2(args: list[str], environment: str | None, messa
 
 def test_the_runtime_dir_option_overrides_the_environment(namespace: str, runtime_dir: Path,
                                                           tmp_path: Path) -> None:
-    claim = _claim.claim(namespace, capacity=4, block_size=256)
-    try:
+    with owned(namespace):
         empty = tmp_path / "empty"
         empty.mkdir(mode=0o700)
         result = run("ls", "--json", "--runtime-dir", str(runtime_dir), runtime_dir=str(empty))
         assert [ns["name"] for ns in json.loads(result.stdout)["namespaces"]] == [namespace]
         result = run("show", namespace, "--runtime-dir", str(empty))
         assert result.returncode == 1 and str(empty) in result.stderr
-    finally:
-        claim.release()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,16 +14,7 @@ import pytest
 
 from anywool.discovery.local import _binding, _claim, _survey
 
-from ..helpers import colliding_names, worker
-
-
-@contextlib.contextmanager
-def owned(namespace: str) -> Iterator[_claim.Claim]:
-    claim = _claim.claim(namespace, capacity=4, block_size=256)
-    try:
-        yield claim
-    finally:
-        claim.release()
+from ..helpers import colliding_names, leftover, owned, worker
 
 
 @contextlib.contextmanager
@@ -48,14 +38,6 @@ def dead_owner(namespace: str) -> str:
     claim = _claim.claim(namespace, capacity=4, block_size=256)
     claim.forget()  # closes its descriptors as its death would
     return claim.path.name
-
-
-def leftover(runtime_dir: Path, prefix: str, *, age: float = 60.0) -> str:
-    path = runtime_dir / f"{prefix}{secrets.token_hex(8)}"
-    path.mkdir(mode=0o700)
-    then = time.time() - age
-    os.utime(path, (then, then))
-    return path.name
 
 
 def test_a_live_owner_its_workers_and_their_leases(namespace: str) -> None:
