@@ -9,12 +9,15 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
 import pytest
 
 from anywool.discovery.local import LocalDiscovery
+from anywool.testing import owner_process, suspended
 
 from ..helpers import leftover, owned, worker
 from .children import REPO, Child, start, stop
@@ -87,10 +90,15 @@ async def human(*args: str) -> str:
     return result.stdout.decode()
 
 
-async def announcer(namespace: str, count: int, role: str) -> Child:
+@asynccontextmanager
+async def announced(namespace: str, count: int, role: str) -> AsyncIterator[Child]:
+    """An :data:`ANNOUNCER` child, ready, for the block; stopped (or reaped) afterwards."""
     child = await start(ANNOUNCER, namespace, str(count), role)
-    assert await child.readline() == "ready"
-    return child
+    try:
+        assert await child.readline() == "ready"
+        yield child
+    finally:
+        await stop([child])
 
 
 # -- ls ------------------------------------------------------------------------------------------
@@ -119,8 +127,7 @@ async def test_ls_and_show_a_live_owner_its_workers_and_a_sigkilled_publisher(
             ours = [worker(tags={"gpu"}), worker()]
             for metadata in ours:
                 await publisher.publish("worker-added", metadata)
-            child = await announcer(namespace, 1, "publisher")
-            try:
+            async with announced(namespace, 1, "publisher") as child:
                 listed = await document("ls")
                 (state,) = listed["namespaces"]
                 assert set(state) == NAMESPACE_KEYS
@@ -161,15 +168,12 @@ async def test_ls_and_show_a_live_owner_its_workers_and_a_sigkilled_publisher(
                 assert "3 workers · leases 1 alive, 1 dead" in page
                 assert f"{theirs['lease'][:8]} dead" in page
                 assert f"{mine['lease'][:8]} alive" in page
-            finally:
-                await stop([child])
 
 
 async def test_a_sigkilled_owner_is_listed_dead_and_reclaimed(namespace: str,
                                                                runtime_dir: Path) -> None:
     with anyio.fail_after(30):
-        child = await announcer(namespace, 2, "owner")
-        try:
+        async with announced(namespace, 2, "owner") as child:
             child.kill()
             await child.wait()
             socket = leftover(runtime_dir, "w-")  # a killed worker's socket directory
@@ -194,28 +198,20 @@ async def test_a_sigkilled_owner_is_listed_dead_and_reclaimed(namespace: str,
             assert f"removed {socket} (worker-socket)" in said
             assert os.listdir(runtime_dir) == []
             assert "nothing to remove" in await human("reclaim")
-        finally:
-            await stop([child])
 
 
 async def test_reclaim_never_touches_a_live_owner_even_a_stopped_one(namespace: str,
                                                                      runtime_dir: Path) -> None:
     with anyio.fail_after(30):
-        child = await announcer(namespace, 1, "owner")
-        try:
+        async with owner_process(namespace) as owner:
             (entry,) = os.listdir(runtime_dir)
-            os.kill(child.pid, signal.SIGSTOP)
-            try:
+            with suspended(owner.pid):
                 reclaimed = await document("reclaim", namespace)
                 assert (reclaimed["state"], reclaimed["removed"]) == ("live", [])
                 said = await human("reclaim", namespace)
-                assert f"{namespace} is live (owner pid {child.pid}): left alone" in said
+                assert f"{namespace} is live (owner pid {owner.pid}): left alone" in said
                 assert (await document("reclaim"))["removed"] == []
                 assert os.listdir(runtime_dir) == [entry]
-            finally:
-                os.kill(child.pid, signal.SIGCONT)
-        finally:
-            await stop([child])
 
 
 def test_an_unknown_namespace_is_exit_1(namespace: str) -> None:
