@@ -7,7 +7,8 @@ the configuration asks for it. Import the fault helpers from here::
 
     from anywool.testing import hold_registry_lock, kill_worker, owner_process, suspended
 
-Importing this module imports pytest and the standard library, not the rest of anywool.
+Importing this module imports pytest and AnyIO (which AnyIO's own plugin loads anyway), and of
+anywool only the package itself; the rest is imported when a fixture or helper is used.
 """
 
 # pytest reads the plugin's hooks and fixtures from this module's namespace.
