@@ -20,6 +20,7 @@ from anywool.metadata import WorkerMetadata
 
 if TYPE_CHECKING:
     from anywool.discovery.local._claim import Claim
+    from anywool.runtime._wire import FrameStream
 
 
 def worker(address: str = "unix:/tmp/none.sock", **fields: object) -> WorkerMetadata:
@@ -158,6 +159,16 @@ class DescriptorTraps:
 
 
 # -- the wire, spoken by hand (tests that play a misbehaving client) -------------------------
+
+
+async def worker_frames(stream: object) -> "FrameStream":
+    """Frames over a raw connection to a real worker, past the HELLO it sends first."""
+    from anywool.runtime._wire import FrameStream, Kind
+
+    frames = FrameStream(stream, stream)  # type: ignore[arg-type]
+    hello = await frames.receive()
+    assert hello.kind == Kind.HELLO and hello.call_id == 0, hello
+    return frames
 
 
 def call_payload(fn: Callable[..., object], args: tuple = (), kwargs: dict | None = None,

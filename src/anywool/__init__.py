@@ -50,6 +50,7 @@ if TYPE_CHECKING:
         current_task,
         resolved,
         routine,
+        run_sync,
     )
 
 __version__ = "0.1.0"
@@ -95,6 +96,7 @@ __all__ = [
     "current_task",
     "resolved",
     "routine",
+    "run_sync",
 ]
 
 _WHERE = {
@@ -138,5 +140,6 @@ _WHERE = {
     "current_task": "anywool.runtime",
     "resolved": "anywool.runtime",
     "routine": "anywool.runtime",
+    "run_sync": "anywool.runtime",
 }
 __getattr__, __dir__ = exports(__name__, _WHERE)

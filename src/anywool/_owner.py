@@ -54,6 +54,9 @@ async def exit_task_group(task_group: TaskGroup | None, *, cancel: bool = True) 
     :param cancel: cancel its tasks first (``False``: wait for them to end by themselves).
     :raises BaseExceptionGroup: what its tasks raised (their cancellation by ``cancel`` is
         absorbed).
+    :raises KeyboardInterrupt: a Ctrl-C delivered while it waited (trio delivers one to the
+        waiting task): as itself, not in a group of nothing else, so that it ends a script as
+        a Ctrl-C does.
 
     Cancellation: an enclosing cancellation cancels the tasks still running; the exit waits
     until they have ended, then re-raises it.
@@ -62,4 +65,15 @@ async def exit_task_group(task_group: TaskGroup | None, *, cancel: bool = True) 
         return
     if cancel:
         task_group.cancel_scope.cancel()
-    await task_group.__aexit__(None, None, None)
+    try:
+        await task_group.__aexit__(None, None, None)
+    except BaseExceptionGroup as group:
+        interrupts, rest = group.split(KeyboardInterrupt)
+        if interrupts is None or rest is not None:
+            raise
+        raise _first_leaf(interrupts) from None
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first

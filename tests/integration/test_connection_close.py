@@ -23,7 +23,7 @@ from anywool import LocalWorker, routine
 from anywool.lowlevel import CallNotDelivered, WorkerConnection
 from anywool.runtime._wire import Frame, FrameStream, Kind
 
-from ..helpers import call_payload, wait_until
+from ..helpers import call_payload, wait_until, worker_frames
 
 pytestmark = pytest.mark.anyio
 
@@ -148,7 +148,7 @@ async def test_a_worker_stops_cleanly_while_a_reply_is_being_written(
             await tg.start(exit_code, worker)
             stream = await anyio.connect_unix(worker.address.removeprefix("unix:"))
             async with stream:
-                frames = FrameStream(stream, stream)
+                frames = await worker_frames(stream)
                 await frames.send(Frame(Kind.CALL, 1, call_payload(
                     big_result.__wrapped__, (30_000_000,))))
                 assert (await frames.receive()).kind == Kind.ACK

@@ -24,7 +24,8 @@ from anywool import (
 from anywool.runtime._connection import CallNotDelivered, WorkerConnection
 from anywool.runtime._wire import FrameStream
 
-from ..helpers import call_payload, exception_of, follow, result_of, step_payload, take, wait_until
+from ..helpers import (call_payload, exception_of, follow, result_of, step_payload, take, wait_until,
+                       worker_frames)
 
 pytestmark = pytest.mark.anyio
 
@@ -413,7 +414,7 @@ async def _raw_call(address: str, fn, args: tuple = ()):
     from anywool.runtime._wire import Frame, Kind
 
     stream = await anyio.connect_unix(address.removeprefix("unix:"))
-    frames = FrameStream(stream, stream)
+    frames = await worker_frames(stream)
     await frames.send(Frame(Kind.CALL, 1, call_payload(fn, args)))
     assert (await frames.receive()).kind == Kind.ACK
     return stream, frames

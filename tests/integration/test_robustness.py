@@ -20,7 +20,7 @@ from anywool.lowlevel import WorkerConnection
 from anywool.runtime._auth import Credentials
 from anywool.runtime._wire import DEFAULT_MAX_FRAME_SIZE, Frame, FrameError, FrameStream, Kind
 
-from ..helpers import Signal, call_payload, exception_of, step_payload, wait_until
+from ..helpers import Signal, call_payload, exception_of, step_payload, wait_until, worker_frames
 
 pytestmark = pytest.mark.anyio
 
@@ -100,7 +100,7 @@ async def test_a_malformed_call_header_fails_that_call_only() -> None:
         async with LocalWorker() as worker:
             stream = await anyio.connect_unix(worker.address.removeprefix("unix:"))
             async with stream:
-                frames = FrameStream(stream, stream)
+                frames = await worker_frames(stream)
                 await frames.send(Frame(Kind.CALL, 1, b"\x92\x01\x02"))  # not a call's header
                 reply = await frames.receive()
                 assert reply.kind == Kind.EXCEPTION and reply.call_id == 1
@@ -150,7 +150,7 @@ async def test_a_client_that_disconnects_mid_call_cancels_its_calls(kind: str,
         async with LocalWorker() as worker, Signal() as started:
             stream = await anyio.connect_unix(worker.address.removeprefix("unix:"))
             async with stream:
-                frames = FrameStream(stream, stream)
+                frames = await worker_frames(stream)
                 await frames.send(Frame(Kind.CALL, 1, call_payload(
                     fn, (started.port, str(marker)))))
                 if kind == "generator":
@@ -363,7 +363,7 @@ async def test_a_stream_slow_to_close_does_not_stretch_the_stop(
         async with LocalWorker() as worker:
             stream = await anyio.connect_unix(worker.address.removeprefix("unix:"))
             async with stream:
-                frames = FrameStream(stream, stream)
+                frames = await worker_frames(stream)
                 await frames.send(Frame(Kind.CALL, 1, call_payload(slow_to_close.__wrapped__)))
                 assert (await frames.receive()).kind == Kind.ACK
                 await frames.send(Frame(Kind.ASEND, 1, step_payload()))
@@ -384,7 +384,7 @@ async def test_a_client_that_never_hangs_up_does_not_stretch_the_stop(
         async with LocalWorker() as worker:
             lingering = await anyio.connect_unix(worker.address.removeprefix("unix:"))
             async with lingering, anyio.create_task_group() as tg:
-                frames = FrameStream(lingering, lingering)
+                frames = await worker_frames(lingering)
                 await frames.send(Frame(Kind.CALL, 1, call_payload(double.__wrapped__, (1,))))
                 assert [(await frames.receive()).kind for _ in range(2)] == [Kind.ACK,
                                                                              Kind.RETURN]

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from anywool.runtime._pool import WorkerPool
     from anywool.runtime._proxy import WorkerProxy
     from anywool.runtime._resolve import Factory, resolved
-    from anywool.runtime._routine import RoutineTask, current_task, routine
+    from anywool.runtime._routine import RoutineTask, current_task, routine, run_sync
     from anywool.runtime._serializer import SerializationWarning
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "current_task",
     "resolved",
     "routine",
+    "run_sync",
 ]
 
 _WHERE = {
@@ -45,5 +46,6 @@ _WHERE = {
     "current_task": "anywool.runtime._routine",
     "resolved": "anywool.runtime._resolve",
     "routine": "anywool.runtime._routine",
+    "run_sync": "anywool.runtime._routine",
 }
 __getattr__, __dir__ = exports(__name__, _WHERE)

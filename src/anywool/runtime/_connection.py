@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import time
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -60,6 +61,15 @@ _CLOSE_TIMEOUT = 1.0
 # How close (seconds) the caller's deadline must be for a routine the worker cancelled to count
 # as cancelled by that deadline (see _own_deadline).
 _DEADLINE_SLACK = 0.1
+# Calls sent to a worker that has not started them yet are committed to it: no other worker can
+# take them. So a connection takes more only while its calls start promptly (see
+# WorkerConnection.busy): its window of calls waiting to start grows by one for each call that
+# started within START_WITHIN seconds of the worker reading it (the worker says, in its ACK),
+# and shrinks in proportion when one waited longer (a worker whose event loop runs CPU-bound
+# work starts the next call only when the current one ends). Up to WINDOW_MAX calls may wait;
+# a call once started no longer counts.
+START_WITHIN = 0.002
+WINDOW_MAX = 64
 
 
 class CallNotDelivered(WorkerError):
@@ -80,13 +90,23 @@ class WorkerConnection(SingleUse):
     :param connect_timeout: seconds allowed to connect (> 0).
     :param cancel_timeout: seconds a cancelled call waits for the worker to confirm that the
         routine finished unwinding, before giving up on the confirmation (> 0).
+    :param cancel_grace: seconds a cancelled call that the worker had started waits for the
+        worker to take the cancellation (answer it, or end the call) before it counts the worker
+        as stuck (its event loop held by C code that cannot be interrupted, or by a routine
+        that ignores the interruption), calls ``on_unresponsive`` and gives the call up (> 0).
+    :param on_unresponsive: called (synchronously, from the cancelled call's task) when the
+        worker did not take a cancellation within ``cancel_grace``.
     :param max_frame_size: the largest frame body accepted or sent, in bytes.
     :param on_lost: called (synchronously, from the reader task) once when the connection fails
         or the worker closes it.
     :param on_room: called (synchronously, from the reader task) when the worker, having
         refused a call of this connection as busy, has room again (a call ended there).
+    :param on_free: called (synchronously) when the connection stops being :attr:`busy`
+        because a call waiting to start on it started, ended or was given up.
     :param on_accepted: called (synchronously, from the reader task) whenever the worker
         accepts a call.
+    :param on_sent: called (synchronously, from the calling task) whenever a call is about to
+        be sent, once it counts among the calls waiting to start (see :attr:`busy`).
     :param origin: returns what calls made here carry as their origin: the key and pickle of
         the proxy that routines running for them dispatch their own calls through (``None``:
         no proxy; such routines cannot call routines).
@@ -107,10 +127,14 @@ class WorkerConnection(SingleUse):
         *,
         connect_timeout: float = 10.0,
         cancel_timeout: float = 5.0,
+        cancel_grace: float = 1.0,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         on_lost: Callable[[], object] | None = None,
         on_room: Callable[[], object] | None = None,
+        on_free: Callable[[], object] | None = None,
         on_accepted: Callable[[], object] | None = None,
+        on_sent: Callable[[], object] | None = None,
+        on_unresponsive: Callable[[], object] | None = None,
         origin: Callable[[], Origin | None] | None = None,
         credentials: _auth.Credentials | None = None,
     ) -> None:
@@ -118,12 +142,20 @@ class WorkerConnection(SingleUse):
         self._credentials = credentials
         self._connect_timeout = connect_timeout
         self._cancel_timeout = cancel_timeout
+        self._cancel_grace = cancel_grace
+        self._on_unresponsive = on_unresponsive
         self._max_frame_size = max_frame_size
         self._on_lost = on_lost
         self._on_room = on_room
+        self._on_free = on_free
         self._on_accepted = on_accepted
+        self._on_sent = on_sent
         self._origin = origin
-        self._busy = False
+        self._refused = False  # the worker refused a call as busy and has not had room since
+        self._unstarted = 0  # calls sent that the worker has neither accepted nor answered
+        self._window = 1  # how many calls may wait to start (see START_WITHIN)
+        self._limit: int | None = None  # the worker's max_concurrency, from its HELLO
+        self._running = 0  # calls sent whose end the worker has not sent (see outstanding)
         self._stream: ByteStream | None = None
         self._frames: FrameStream | None = None
         self._task_group: TaskGroup | None = None
@@ -144,9 +176,20 @@ class WorkerConnection(SingleUse):
 
     @property
     def busy(self) -> bool:
-        """Whether the worker refused a call of this connection as busy (it runs its
-        ``max_concurrency`` calls) and has not said since that it has room."""
-        return self._busy
+        """Whether this connection should take no call now, which a load balancer should
+        respect: the worker refused a call of it as busy (it runs its ``max_concurrency``
+        calls) and has not said since that it has room, or as many calls as its window allows
+        wait to start on it (the worker has not begun them yet: its event loop is running
+        other work), or it has as many calls open as the worker's ``max_concurrency``. A call
+        sent anyway is delivered; it may wait there, or be refused."""
+        return (self._refused or self._unstarted >= self._window
+                or (self._limit is not None and self._running >= self._limit))
+
+    @property
+    def outstanding(self) -> int:
+        """The calls of this connection the worker may be running: sent, and neither ended
+        (the worker's last answer to them read) nor given up."""
+        return self._running
 
     async def __aenter__(self) -> WorkerConnection:
         self._enter_once()
@@ -265,17 +308,72 @@ class WorkerConnection(SingleUse):
         if frame.kind == Kind.ROOM:
             self._room()
             return
+        if frame.kind == Kind.HELLO:
+            try:
+                self._limit = envelope.decode_hello(frame.payload)
+            except FrameError:
+                log.warning("ignoring a malformed HELLO from %s", self.address)
+            return
         if frame.kind == Kind.NACK and frame.payload == envelope.BUSY:
-            self._busy = True
+            self._refused = True
         call = self._calls.get(frame.call_id)
         if call is None:
             return  # a call that already gave up (e.g. cancelled): drop its late frames
+        if frame.kind == Kind.CANCELLING:
+            if call.finished:  # aborting: it waits for this (see _Call.abort)
+                call.deliver(frame)
+            return
         if frame.kind == Kind.ACK:
             call.accepted = True
+            try:
+                waited = envelope.decode_ack(frame.payload)
+            except FrameError:
+                waited = None
+            self._settle(call, started=time.perf_counter() - call.sent_at
+                         if waited is None else waited)
             self._accepted()
             if call.quiet_ack:
                 return
+        elif frame.kind in _TERMINAL:
+            self._settle(call, ended=True)  # refused, failed to load, or ended
         call.deliver(frame)
+
+    def _settle(self, call: _Call, *, started: float | None = None,
+                ended: bool = False) -> None:
+        """Account for ``call`` no longer waiting to start (it started ``started`` seconds
+        after the worker read it; or it ended, or was given up, before it started) and, with
+        ``ended``, no longer running; a connection that stops being busy says so."""
+        was_busy = self.busy
+        if call.waiting:
+            call.waiting = False
+            self._unstarted -= 1
+            if started is not None:
+                if started <= START_WITHIN:
+                    self._window = min(self._window + 1, WINDOW_MAX)
+                else:
+                    self._window = max(1, int(self._window * START_WITHIN / started))
+        if ended and call.running:
+            call.running = False
+            self._running -= 1
+        if was_busy and not self.busy:
+            self._free()
+
+    def _free(self) -> None:
+        if self._on_free is not None:
+            try:
+                self._on_free()
+            except Exception:
+                log.exception("on_free callback of %s failed", self.address)
+
+    def _unresponsive(self, call: _Call, why: str) -> None:
+        log.warning("worker %s counts as stuck after the cancellation of %s: %s (its event loop "
+                    "is held: C code holding the GIL, or a routine ignoring the interruption)",
+                    self.address, call.name, why)
+        if self._on_unresponsive is not None:
+            try:
+                self._on_unresponsive()
+            except Exception:
+                log.exception("on_unresponsive callback of %s failed", self.address)
 
     def _accepted(self) -> None:
         if self._on_accepted is not None:
@@ -285,7 +383,7 @@ class WorkerConnection(SingleUse):
                 log.exception("on_accepted callback of %s failed", self.address)
 
     def _room(self) -> None:
-        self._busy = False
+        self._refused = False
         if self._on_room is not None:
             try:
                 self._on_room()
@@ -313,7 +411,9 @@ class WorkerConnection(SingleUse):
                 except Exception:
                     log.exception("on_lost callback of %s failed", self.address)
         calls, self._calls = self._calls, {}
+        self._unstarted = self._running = 0
         for call in calls.values():
+            call.waiting = call.running = False
             call.lose()
         if self._idle is not None:
             self._idle.set()
@@ -329,7 +429,9 @@ class WorkerConnection(SingleUse):
         await self._lost.wait()
 
     def _forget(self, call_id: int) -> None:
-        self._calls.pop(call_id, None)
+        call = self._calls.pop(call_id, None)
+        if call is not None:
+            self._settle(call, ended=True)  # given up, if it had not ended
         if not self._calls and self._idle is not None:
             self._idle.set()
 
@@ -349,7 +451,7 @@ class WorkerConnection(SingleUse):
     # -- calls -------------------------------------------------------------------------------
 
     async def _open(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                    *, streaming: bool) -> _Call:
+                    *, streaming: bool, plain: bool = False) -> _Call:
         """Register a call and send its CALL frame; a streaming call also waits for the
         worker's answer to it (a coroutine's caller reads it with the result, see
         :meth:`call`).
@@ -367,6 +469,7 @@ class WorkerConnection(SingleUse):
             _running_task_id(),
             origin,
             None if streaming else _dump_context(name),
+            plain,
         )
         known = origin is not None and origin[0] == self._origin_delivered
         payload = envelope.encode_call(request, origin_known=known)
@@ -381,6 +484,15 @@ class WorkerConnection(SingleUse):
             raise CallNotDelivered(self.address, self._failure or "not connected")
         call_id = next(self._ids)
         call = self._calls[call_id] = _Call(self, call_id, name, quiet_ack=not streaming)
+        call.waiting = call.running = True
+        self._unstarted += 1
+        self._running += 1
+        call.sent_at = time.perf_counter()
+        if self._on_sent is not None:
+            try:
+                self._on_sent()
+            except Exception:
+                log.exception("on_sent callback of %s failed", self.address)
         try:
             try:
                 await self._frames.send(Frame(Kind.CALL, call_id, payload))
@@ -403,8 +515,10 @@ class WorkerConnection(SingleUse):
             raise
         return call
 
-    async def call(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Run the coroutine function ``fn(*args, **kwargs)`` on the worker.
+    async def call(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                   *, plain: bool = False) -> Any:
+        """Run the coroutine function ``fn(*args, **kwargs)`` on the worker; with ``plain``,
+        the plain function ``fn``, called in the worker's event-loop thread.
 
         :returns: the routine's return value.
         :raises CallNotDelivered: the worker refused the call or the connection was already
@@ -418,7 +532,7 @@ class WorkerConnection(SingleUse):
         Cancellation: sends a cancel frame, waits up to ``cancel_timeout`` seconds (shielded) for
         the worker to confirm the routine ended, then re-raises the cancellation.
         """
-        call = await self._open(fn, args, kwargs, streaming=False)
+        call = await self._open(fn, args, kwargs, streaming=False, plain=plain)
         try:
             frame = await call.first_frame()
             call.finished = True
@@ -447,8 +561,8 @@ class _Call:
     for the result.
     """
 
-    __slots__ = ("connection", "id", "name", "finished", "accepted", "quiet_ack", "_frames",
-                 "_arrived", "_lost")
+    __slots__ = ("connection", "id", "name", "finished", "accepted", "quiet_ack", "waiting",
+                 "running", "sent_at", "_frames", "_arrived", "_lost")
 
     def __init__(self, connection: WorkerConnection, call_id: int, name: str, *,
                  quiet_ack: bool = False) -> None:
@@ -458,6 +572,11 @@ class _Call:
         self.finished = False
         self.accepted = False
         self.quiet_ack = quiet_ack
+        # Counted among the connection's calls waiting to start (see WorkerConnection.busy),
+        # since this time.perf_counter().
+        self.waiting = False
+        self.running = False  # counted in the connection's outstanding calls
+        self.sent_at = 0.0
         self._frames: deque[Frame] = deque()
         self._arrived: anyio.Event | None = None
         self._lost = False
@@ -573,19 +692,54 @@ class _Call:
             raise WorkerError(self.connection.address, reason) from exc
 
     async def abort(self) -> None:
-        """Cancel the routine on the worker and wait until it has unwound (shielded, bounded)."""
+        """Cancel the routine on the worker and wait until it has unwound (shielded, bounded).
+
+        A call the worker has not started is withdrawn at once (the cancel frame follows it:
+        the worker skips it, or cancels it at its first checkpoint if it was starting just
+        then). A started one waits up to ``cancel_grace`` seconds for the worker to take the
+        cancellation, then up to ``cancel_timeout`` for the routine to unwind; a worker that
+        did not take it in time is reported (``on_unresponsive``) and the call given up.
+        """
         if self.finished:
             return
         self.finished = True
-        if self.connection.broken:
+        connection = self.connection
+        if connection.broken:
             return  # the worker cancelled the routine when the connection went
-        with anyio.CancelScope(shield=True), anyio.move_on_after(self.connection._cancel_timeout):
+        with anyio.CancelScope(shield=True):
+            taken = False
             try:
-                await self.send(Kind.CANCEL)
-                while (await self._wait_frame()).kind not in _TERMINAL:
+                with anyio.move_on_after(connection._cancel_grace):
+                    try:
+                        await self.send(Kind.CANCEL)
+                        if not self.accepted:
+                            return  # withdrawn: nothing of it ran, or it is cancelled as it starts
+                        while True:
+                            kind = (await self._wait_frame()).kind
+                            if kind in _TERMINAL:
+                                return
+                            if kind == Kind.CANCELLING:
+                                taken = True
+                                break
+                    except (WorkerError, _Lost):
+                        return
+            except BaseException:
+                # A KeyboardInterrupt (under trio, a second Ctrl-C lands here): whoever sent it
+                # will not wait, so neither does the worker's fate.
+                if self.accepted and not taken:
+                    connection._unresponsive(self, "the wait for it was interrupted")
+                raise
+            if not taken:
+                if self.accepted:
+                    connection._unresponsive(
+                        self, f"it did not take it within {connection._cancel_grace} s")
+                return
+            with anyio.move_on_after(connection._cancel_timeout):
+                try:
+                    while (await self._wait_frame()).kind not in _TERMINAL:
+                        pass
+                except (WorkerError, _Lost):
                     pass
-            except (WorkerError, _Lost):
-                pass
 
     async def release(self) -> None:
         """End this call on the client: cancel it remotely if unfinished, drop its stream."""

@@ -4,13 +4,14 @@ deadline, context-variable values, and what comes back with each reply.
 Frame payloads by kind (msgpack arrays, so that a worker reads a call's header, and names its
 routine in errors, without unpickling anything):
 
-* ``CALL``: ``[call, name, timeout, caller, origin_key, origin, context]``. ``call`` is the
-  pickle of ``(routine, args, kwargs)``; ``name`` the routine's qualified name; ``timeout`` the
+* ``CALL``: ``[call, name, timeout, caller, origin_key, origin, context, plain]``. ``call`` is
+  the pickle of ``(routine, args, kwargs)``; ``name`` the routine's qualified name; ``timeout`` the
   seconds left of the caller's deadline (``nil``: none); ``caller`` the id of the call this one
   is made from (a routine calling a routine; ``nil`` at the top); ``origin_key`` and ``origin``
   identify and rebuild the proxy of the pool the call tree started from (``nil``: none
   travelled); ``context`` the pickled values of the caller's context variables (``nil``: none
-  set). The pickle ``origin`` travels only until the connection has delivered it once: later
+  set); ``plain`` true for a plain function, called (by ``run_sync``) rather than awaited. The
+  pickle ``origin`` travels only until the connection has delivered it once: later
   calls carry ``origin_key`` alone, which the worker looks up among the last
   :data:`ORIGINS_KEPT` origins of that connection (:class:`Origins`).
 * ``ASEND``, ``ATHROW``, ``ACLOSE``: ``[value, timeout, context]``, the same for one step of an
@@ -18,6 +19,11 @@ routine in errors, without unpickling anything):
   ``ACLOSE``).
 * ``RETURN``, ``RESULT``, ``EXCEPTION``: ``[value, changes]``; ``END``: ``[changes]`` or empty. ``changes``
   is the pickle of the context variables the routine (or step) changed, or ``nil``.
+* ``ACK``: how long the call waited on the worker between its frame being read and the routine
+  starting, in microseconds (4 bytes, big-endian; empty from a worker that does not say): what
+  a caller weighs before committing more calls to that worker.
+* ``HELLO``: ``{"max_concurrency": n}`` (a msgpack map; ``nil``: no bound), the first frame a
+  worker sends on a connection. Keys a client does not know are ignored.
 * ``NACK``: empty when the worker is stopping, :data:`BUSY` when it is at its
   ``max_concurrency``.
 
@@ -28,6 +34,7 @@ a malformed payload fails its call, never the connection. No pickle is loaded he
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -88,6 +95,7 @@ class CallRequest:
     caller: int | None = None
     origin: Origin | None = None
     context: bytes | None = None
+    plain: bool = False
 
 
 def encode_call(request: CallRequest, *, origin_known: bool = False) -> bytes:
@@ -95,7 +103,7 @@ def encode_call(request: CallRequest, *, origin_known: bool = False) -> bytes:
     connection delivered it whole before)."""
     key, blob = request.origin if request.origin is not None else (None, None)
     return _pack([request.call, request.name, request.timeout, request.caller, key,
-                  None if origin_known else blob, request.context])
+                  None if origin_known else blob, request.context, request.plain])
 
 
 class Origins:
@@ -124,7 +132,7 @@ def decode_call(payload: bytes, origins: Origins | None = None) -> CallRequest:
     :raises FrameError: the payload is not a call's header, or refers to an origin by a key
         ``origins`` does not hold.
     """
-    call, name, timeout, caller, key, blob, context = _unpack(payload, 7, "call")
+    call, name, timeout, caller, key, blob, context, plain = _unpack(payload, 8, "call")
     if not isinstance(call, bytes):
         raise FrameError("a call's routine and arguments must be bytes")
     if not isinstance(name, str):
@@ -146,8 +154,10 @@ def decode_call(payload: bytes, origins: Origins | None = None) -> CallRequest:
             if blob is None:
                 raise FrameError("a call refers to an origin this connection never delivered")
         origin = (key, blob)
+    if not isinstance(plain, bool):
+        raise FrameError(f"a call's plain flag must be a bool, got {type(plain).__name__}")
     return CallRequest(call, name, _timeout(timeout), caller, origin,
-                       _optional_bytes(context, "a call's context"))
+                       _optional_bytes(context, "a call's context"), plain)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,3 +205,51 @@ def decode_end(payload: bytes) -> bytes | None:
         return None
     [changes] = _unpack(payload, 1, "end")
     return _optional_bytes(changes, "an end's context")
+
+
+_WAITED = struct.Struct(">I")
+
+
+def encode_ack(waited: float) -> bytes:
+    """The payload of an ``ACK`` for a call that waited ``waited`` seconds to start."""
+    return _WAITED.pack(min(max(0, int(waited * 1e6)), 0xFFFFFFFF))
+
+
+def decode_ack(payload: bytes) -> float | None:
+    """Seconds the call waited to start on the worker (``None``: the worker did not say).
+
+    :raises FrameError: the payload is neither empty nor 4 bytes.
+    """
+    if not payload:
+        return None
+    if len(payload) != _WAITED.size:
+        raise FrameError(f"an ACK carries 0 or {_WAITED.size} bytes, got {len(payload)}")
+    return _WAITED.unpack(payload)[0] / 1e6
+
+
+def encode_hello(max_concurrency: int | None) -> bytes:
+    """The payload of a worker's ``HELLO``."""
+    return _pack_map({"max_concurrency": max_concurrency})
+
+
+def decode_hello(payload: bytes) -> int | None:
+    """The ``max_concurrency`` a ``HELLO`` announces (``None``: no bound).
+
+    :raises FrameError: the payload is not a hello.
+    """
+    try:
+        fields = msgpack.unpackb(payload, raw=False, max_bin_len=0, max_str_len=64,
+                                 max_array_len=0, max_map_len=16, max_ext_len=0)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise FrameError(f"undecodable hello ({exc})") from None
+    if not isinstance(fields, dict):
+        raise FrameError("a hello must be a map")
+    bound = fields.get("max_concurrency")
+    if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int)
+                              or bound < 1):
+        raise FrameError(f"a hello's max_concurrency must be an int >= 1 or nil, got {bound!r}")
+    return bound
+
+
+def _pack_map(fields: dict[str, Any]) -> bytes:
+    return cast(bytes, msgpack.packb(fields, use_bin_type=True))

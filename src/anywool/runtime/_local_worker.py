@@ -274,6 +274,16 @@ class LocalWorker(SingleUse):
             raise RuntimeError("the LocalWorker is not running")
         return await process.wait()
 
+    def kill(self) -> None:
+        """Send the worker SIGKILL now, if it runs (its exit, :meth:`stop` or leaving the
+        ``async with`` block still reap it and remove its socket). Never raises."""
+        process = self._process
+        if process is not None and process.returncode is None:
+            try:
+                process.send_signal(signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,

@@ -118,8 +118,8 @@ class _Dispatcher:
         self._origin = origin
 
     async def dispatch(self, fn: Callable[..., Any], args: tuple[Any, ...],
-                       kwargs: dict[str, Any]) -> Any:
-        return await self._owner._host(self._origin).dispatch(fn, args, kwargs)
+                       kwargs: dict[str, Any], *, plain: bool = False) -> Any:
+        return await self._owner._host(self._origin).dispatch(fn, args, kwargs, plain=plain)
 
     def stream(self, fn: Callable[..., Any], args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> AsyncGenerator[Any, Any]:
@@ -229,10 +229,10 @@ class _Host:
     # -- RoutineDispatcher ---------------------------------------------------------------------
 
     async def dispatch(self, fn: Callable[..., Any], args: tuple[Any, ...],
-                       kwargs: dict[str, Any]) -> Any:
+                       kwargs: dict[str, Any], *, plain: bool = False) -> Any:
         proxy = await self._acquire(_name(fn))
         try:
-            return await proxy.dispatch(fn, args, kwargs)
+            return await proxy.dispatch(fn, args, kwargs, plain=plain)
         finally:
             self._release()
 
@@ -281,7 +281,7 @@ class _NoOrigin:
             "cannot)")
 
     async def dispatch(self, fn: Callable[..., Any], args: tuple[Any, ...],
-                       kwargs: dict[str, Any]) -> Any:
+                       kwargs: dict[str, Any], *, plain: bool = False) -> Any:
         raise self._error(fn)
 
     def stream(self, fn: Callable[..., Any], args: tuple[Any, ...],

@@ -125,6 +125,13 @@ class WorkerPool(SingleUse):
     :param announce_timeout: seconds (≥ 0) allowed, at exit, for everything that waits on the
         discovery namespace: announcing dropped workers, the publisher's and the discovery's own
         exits.
+    :param cancel_grace: seconds (> 0) a cancelled call waits for its worker to take the
+        cancellation (default 1). A routine that holds its worker's event loop (a CPU-bound
+        loop, a blocking call, a plain function of :func:`~anywool.run_sync`) is interrupted
+        there, and its ``finally`` blocks run; one that cannot be (C code holding the GIL, or
+        it catches the interruption and goes on) leaves its worker stuck: after
+        ``cancel_grace`` the caller resumes and a spawned worker is ended (SIGKILL) and
+        replaced, and its other calls in flight raise :class:`~anywool.errors.WorkerError`.
     :param max_concurrency: the most calls each spawned worker runs at once (``int`` ≥ 1;
         ``None``: no bound). A worker at its bound refuses a call before running it; the call
         goes to another worker, or waits until one has room.
@@ -184,6 +191,7 @@ class WorkerPool(SingleUse):
         shutdown_timeout: float = 10.0,
         announce_timeout: float = 5.0,
         max_concurrency: int | None = None,
+        cancel_grace: float = 1.0,
         host: str | None = None,
         secret: bytes | str | None = None,
         tls: MutualTLS | None = None,
@@ -230,6 +238,7 @@ class WorkerPool(SingleUse):
         self._startup_timeout = _validate.duration("startup_timeout", startup_timeout, allow_zero=False)
         self._shutdown_timeout = _validate.duration("shutdown_timeout", shutdown_timeout, allow_zero=True)
         self._announce_timeout = _validate.duration("announce_timeout", announce_timeout, allow_zero=True)
+        self._cancel_grace = _validate.duration("cancel_grace", cancel_grace, allow_zero=False)
         self._max_concurrency = None if max_concurrency is None else _validate.count(
             "max_concurrency", max_concurrency, upper=MAX_CONCURRENCY)
         self._stack: AsyncExitStack | None = None
@@ -358,10 +367,12 @@ class WorkerPool(SingleUse):
             quorum=self._quorum,
             quorum_timeout=self._quorum_timeout,
             lease=self._lease,
+            cancel_grace=self._cancel_grace,
             secret=None if self._credentials is None else self._credentials.secret,
             tls=None if self._credentials is None else self._credentials.tls,
         )
         self._proxy._set_own(self._own)
+        self._proxy._end_worker = self._end_stuck
         await stack.enter_async_context(self._proxy)
         stack.push_async_callback(self._begin_exit)
 
@@ -447,6 +458,16 @@ class WorkerPool(SingleUse):
                 return
             with anyio.move_on_after(_RESTART_BACKOFF * 2 ** (start_failures - 1)):
                 await self._stopping.wait()
+
+    def _end_stuck(self, uid: UUID) -> None:
+        """End a spawned worker that did not take a cancellation in time (its supervisor then
+        replaces it, as it does any worker that dies)."""
+        for worker in self._workers:
+            if worker.metadata.uid == uid:
+                log.warning("ending worker pid %s (SIGKILL): a routine holds its event loop "
+                            "past a cancellation; it is replaced", worker.pid)
+                worker.kill()
+                return
 
     def _own_changed(self) -> None:
         if self._proxy is not None:

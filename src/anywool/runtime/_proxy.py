@@ -134,7 +134,13 @@ class WorkerProxy(SingleUse):
     :param lease: admit at most this many workers (``int`` ≥ 0; ``None``: no limit); a worker
         over the lease waits its turn and is admitted when an admitted one leaves.
     :param connect_timeout: seconds (> 0) allowed to connect to one worker.
-    :param cancel_timeout: seconds (> 0) a cancelled call waits for its routine to unwind.
+    :param cancel_timeout: seconds (> 0) a cancelled call waits for its routine to unwind,
+        once its worker took the cancellation.
+    :param cancel_grace: seconds (> 0) a cancelled call waits for its worker to take the
+        cancellation. A worker whose event loop a routine holds so that it cannot be
+        interrupted (C code holding the GIL, a routine that catches the interruption and goes
+        on) is then counted as stuck: the call is given up (its caller resumes), and a pool ends
+        and replaces the worker if it spawned it.
     :param secret: the shared secret to authenticate with to TCP workers, ``bytes`` or ``str``
         of at least 16 bytes (``None``: this process's own: ``$ANYWOOL_SECRET``, or on a worker
         the one its pool handed it).
@@ -177,6 +183,7 @@ class WorkerProxy(SingleUse):
         lease: int | None = None,
         connect_timeout: float = 10.0,
         cancel_timeout: float = 5.0,
+        cancel_grace: float = 1.0,
         secret: bytes | str | None = None,
         tls: _auth.MutualTLS | None = None,
     ) -> None:
@@ -216,6 +223,9 @@ class WorkerProxy(SingleUse):
                                                    allow_zero=False)
         self._cancel_timeout = _validate.duration("cancel_timeout", cancel_timeout,
                                                   allow_zero=False)
+        self._cancel_grace = _validate.duration("cancel_grace", cancel_grace, allow_zero=False)
+        # Set by a pool: ends one of its own workers, stuck (see cancel_grace).
+        self._end_worker: Callable[[UUID], object] | None = None
         self._credentials = _auth.Credentials.resolve(secret, tls)
         self._active = False
         self._task_group: TaskGroup | None = None
@@ -238,6 +248,7 @@ class WorkerProxy(SingleUse):
         # that found no waiter, for calls being refused meanwhile; a count of the changes of
         # workers (see _deliver).
         self._room_waiters: dict[anyio.Event, None] = {}
+        self._room_front: dict[anyio.Event, None] = {}  # woken, found no room: served first
         self._spare_rooms = 0
         self._generation = 0
         # What calls carry so that their routines can call routines (see runtime._nested):
@@ -324,8 +335,9 @@ class WorkerProxy(SingleUse):
         self._changed.set()
         self._changed = anyio.Event()
         self._generation += 1
+        front, self._room_front = self._room_front, {}
         waiters, self._room_waiters = self._room_waiters, {}
-        for room in waiters:
+        for room in (*front, *waiters):
             room.set()
 
     async def _sentinel(self) -> None:
@@ -389,6 +401,11 @@ class WorkerProxy(SingleUse):
             uid = next(iter(self._waiting))
             self._admit(self._waiting.pop(uid))
 
+    def _unresponsive(self, uid: UUID) -> None:
+        """A worker did not take a cancellation within ``cancel_grace``: a pool ends its own."""
+        if uid in self._own and self._end_worker is not None:
+            self._end_worker(uid)
+
     def _unready(self, uid: UUID, connection: WorkerConnection) -> None:
         """Take ``connection`` out of the choice of workers (if it is still ``uid``'s)."""
         entry = self._ready.get(uid)
@@ -418,9 +435,13 @@ class WorkerProxy(SingleUse):
                     address,
                     connect_timeout=self._connect_timeout,
                     cancel_timeout=self._cancel_timeout,
+                    cancel_grace=self._cancel_grace,
                     on_lost=lost,
+                    on_unresponsive=lambda uid=uid: self._unresponsive(uid),
                     on_room=self._on_room,
+                    on_free=self._on_room,
                     on_accepted=self._on_accepted,
+                    on_sent=self._on_sent,
                     origin=self._origin,
                     credentials=self._credentials,
                 )
@@ -591,6 +612,13 @@ class WorkerProxy(SingleUse):
                 refused = True
                 raise
 
+        # Calls that found no worker with room wait their turn, first come first served: a new
+        # call joins them rather than overtake them; one that was woken and found the room
+        # gone again waits at the front.
+        front = False
+        if self._room_front or self._room_waiters:
+            await self._wait_for_room(front, kick=True)
+            front = True
         while True:
             generation = self._generation  # before trying: new workers, and it tries again
             workers = await self._workers()
@@ -602,41 +630,59 @@ class WorkerProxy(SingleUse):
                     raise
             if self._generation != generation:
                 continue
-            # A ROOM frame (a call ended on a worker that refused one of ours) wakes one waiter,
-            # the longest waiting; a change of workers wakes them all. A waiter whose call is
-            # accepted wakes the next, which tries too: refused, it makes the worker owe this
-            # connection a ROOM again, so room freed later is never missed. A ROOM that came
-            # while nobody waited goes to one call refused since (not to all of them: a burst
-            # of refusals would all try again at once).
+            # Room is announced by the connections: a call that started or ended where calls
+            # waited to start, a ROOM frame (a call ended on a worker that refused one of ours).
+            # Each wakes one waiter, the longest waiting; a change of workers wakes them all.
+            # A waiter whose call is sent wakes the next while some worker still has room; one
+            # whose call is accepted wakes the next too, which tries: refused, it makes the
+            # worker owe this connection a ROOM again, so room freed later is never missed. A
+            # ROOM that came while nobody waited goes to one call refused since (not to all of
+            # them: a burst of refusals would all try again at once).
             if self._spare_rooms:
                 self._spare_rooms -= 1
                 continue
-            room = anyio.Event()
-            self._room_waiters[room] = None
-            try:
-                await room.wait()
-            except BaseException:
-                if room.is_set():
-                    self._on_room()  # woken, but leaving: the place goes to the next waiter
-                else:
-                    del self._room_waiters[room]
-                raise
+            await self._wait_for_room(front)
+            front = True
+
+    async def _wait_for_room(self, front: bool, *, kick: bool = False) -> None:
+        room = anyio.Event()
+        (self._room_front if front else self._room_waiters)[room] = None
+        if kick:
+            self._on_sent()  # room there already: whoever is first goes (never a lost wake-up)
+        try:
+            await room.wait()
+        except BaseException:
+            if room.is_set():
+                self._on_room()  # woken, but leaving: the place goes to the next waiter
+            else:
+                self._room_front.pop(room, None)
+                self._room_waiters.pop(room, None)
+            raise
 
     def _on_accepted(self) -> None:
-        if self._room_waiters:
+        if self._room_front or self._room_waiters:
+            self._on_room()
+
+    def _on_sent(self) -> None:
+        if (self._room_front or self._room_waiters) and any(
+                not connection.busy and not connection.broken
+                for _, connection in self._ready_list):
             self._on_room()
 
     def _on_room(self) -> None:
-        room = next(iter(self._room_waiters), None)
-        if room is not None:
-            del self._room_waiters[room]
-            room.set()
-        else:
-            # At most one per worker: more would only send calls to be refused again.
-            self._spare_rooms = min(self._spare_rooms + 1, len(self._ready_list))
+        for waiters in (self._room_front, self._room_waiters):
+            room = next(iter(waiters), None)
+            if room is not None:
+                del waiters[room]
+                room.set()
+                return
+        # At most one per worker: more would only send calls to be refused again.
+        self._spare_rooms = min(self._spare_rooms + 1, len(self._ready_list))
 
-    async def dispatch(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Run the coroutine routine ``fn(*args, **kwargs)`` on a worker and return its result.
+    async def dispatch(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                       *, plain: bool = False) -> Any:
+        """Run the coroutine routine ``fn(*args, **kwargs)`` (with ``plain``, the plain function:
+        see :func:`anywool.run_sync`) on a worker and return its result.
 
         :raises RuntimeError: the proxy is not active.
         :raises NoWorkersAvailable: the quorum (or, once met, one worker) was not connected
@@ -651,7 +697,7 @@ class WorkerProxy(SingleUse):
         Cancellation: cancels the routine on the worker, waits (bounded) for it to unwind.
         """
         with self._in_flight:
-            return await self._deliver(lambda c: c.call(fn, args, kwargs))
+            return await self._deliver(lambda c: c.call(fn, args, kwargs, plain=plain))
 
     def stream(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -714,6 +760,7 @@ class WorkerProxy(SingleUse):
             "lease": self._lease,
             "connect_timeout": self._connect_timeout,
             "cancel_timeout": self._cancel_timeout,
+            "cancel_grace": self._cancel_grace,
         }
         where = self._discovery if self._uri is None else self._uri
         return (_rebuild, (where, tuple(sorted(self._uri_tags)), options, frozenset(self._own)))

@@ -22,20 +22,22 @@ import functools
 import inspect
 from dataclasses import dataclass
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
-from typing import Any, ParamSpec, Protocol, TypeVar, overload
+from typing import Any, ParamSpec, Protocol, TypeVar, TypeVarTuple, Unpack, overload
 
 P = ParamSpec("P")
 T = TypeVar("T")
 Y = TypeVar("Y")
 S = TypeVar("S")
+Ts = TypeVarTuple("Ts")
 
 _MARKER = "__anywool_routine__"
 
 
 class RoutineDispatcher(Protocol):
-    """What ``@routine`` needs from the active proxy."""
+    """What ``@routine`` and :func:`run_sync` need from the active proxy."""
 
-    async def dispatch(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    async def dispatch(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                       *, plain: bool = False) -> Any:
         ...
 
     def stream(
@@ -122,6 +124,41 @@ def routine(fn: Callable[P, Any]) -> Callable[P, Any]:
     raise TypeError(
         f"@routine needs an async def function or async generator function, got {fn!r}"
     )
+
+
+async def run_sync(fn: Callable[[Unpack[Ts]], T], *args: Unpack[Ts]) -> T:
+    """Run the plain (synchronous) function ``fn(*args)`` on a worker of the active pool and
+    return its result: ``anyio.to_process.run_sync`` for anywool's workers.
+
+    ``fn`` and its arguments travel pickled (cloudpickle: lambdas and closures too, and
+    functions of ``__main__``); the result and the exception come back as a routine's do
+    (type, message, traceback). Pass keyword arguments with :func:`functools.partial`.
+
+    On the worker, ``fn`` runs in the event loop's own thread, so the worker runs nothing else
+    until it returns; the pool then gives its other calls to other workers (see "How calls are
+    spread" in the README). That is also what lets a cancellation reach it:
+
+    Cancellation: cancelling the await cancels the call on its worker, which interrupts
+    ``fn`` (it raises there an exception that is not an ``Exception``, as ``KeyboardInterrupt``
+    is, at its next Python bytecode or when a blocking system call such as ``time.sleep``
+    returns), so its ``finally`` blocks run, and the cancellation reaches the caller once they
+    have. If ``fn`` cannot be interrupted (C code holding the GIL, or it catches that exception
+    and goes on) the caller waits no longer than the pool's ``cancel_timeout`` (1 s by
+    default): a worker the pool spawned is then ended and replaced.
+
+    :param fn: a plain callable; not a coroutine function or async generator function.
+    :raises TypeError: ``fn`` is not callable, or is async (use :func:`routine` for those).
+    :raises RuntimeError: no pool or proxy is active in this context.
+    :raises Exception: whatever ``fn`` raised, rebuilt in this process;
+        :class:`~anywool.errors.SerializationError` for a function, argument or result that
+        cannot cross; :class:`~anywool.errors.WorkerError` when the worker is lost mid-call.
+    """
+    if not callable(fn):
+        raise TypeError(f"run_sync needs a callable, got {fn!r}")
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn) or is_routine(fn):
+        raise TypeError(f"run_sync runs plain functions; {fn!r} is async: decorate it with "
+                        "@anywool.routine and await it instead")
+    return await active_dispatcher().dispatch(fn, args, {}, plain=True)  # type: ignore[no-any-return]
 
 
 def is_routine(fn: object) -> bool:

@@ -22,15 +22,16 @@ import logging
 import math
 import os
 import signal
+import time
 from collections.abc import Callable
 from typing import Any
 
 import anyio
 import anyio.lowlevel
-from anyio.abc import ByteStream, TaskStatus
+from anyio.abc import ByteStream
 
 from anywool.errors import PayloadTooLarge, RoutineAborted, RoutineCancelled, SerializationError
-from anywool.runtime import _context
+from anywool.runtime import _context, _interrupt
 from anywool.runtime import _envelope as envelope
 from anywool.runtime import _serializer as serializer
 from anywool.runtime._callgroup import CallGroup, Scope, open_call_group, scope_factory
@@ -117,11 +118,20 @@ _UNTRACKED = _Untracked()
 
 
 class _ServerCall:
-    __slots__ = ("id", "scope", "name", "streaming", "protocol_error", "_step", "_arrived")
+    __slots__ = ("id", "scope", "frames", "name", "streaming", "protocol_error", "read_at",
+                 "deadline", "cancelled", "_step", "_arrived")
 
-    def __init__(self, call_id: int, scope: Scope) -> None:
+    def __init__(self, call_id: int, scope: Scope, frames: FrameStream) -> None:
         self.id = call_id
         self.scope = scope
+        self.frames = frames
+        self.read_at = time.perf_counter()  # when its CALL frame was read
+        # When the caller's deadline (for this step, of a generator) runs out, in
+        # time.monotonic(): the interrupter's clock, read from its thread.
+        self.deadline = math.inf
+        # Whether its scope was cancelled (what the interrupter's thread reads: a trio scope's
+        # cancel_called asks trio's clock, only possible in the event loop's thread).
+        self.cancelled = False
         self.name = "<routine>"
         self.streaming: bool | None = None  # known once the routine is loaded
         self.protocol_error: str | None = None
@@ -130,10 +140,23 @@ class _ServerCall:
         self._step: Frame | None = None
         self._arrived: anyio.Event | None = None
 
+    # -- what the interrupter asks (see runtime._interrupt) ---------------------------------
+
+    def must_end(self) -> bool:
+        return (self.cancelled or time.monotonic() >= self.deadline
+                or self.frames.pending(Kind.CANCEL, self.id))
+
+    def cancel_arrived(self) -> bool:
+        return self.frames.pending(Kind.CANCEL, self.id)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.scope.cancel()
+
     def refuse(self, frames_it_cannot_use: str) -> None:
         """A protocol error: end this call (its reply says why); the connection goes on."""
         self.protocol_error = frames_it_cannot_use
-        self.scope.cancel()
+        self.cancel()
 
     @property
     def step_pending(self) -> bool:
@@ -177,6 +200,7 @@ class Server:
         # one waiting call try), and is forgotten until refused again.
         self._waiting_for_room: dict[FrameStream, CallGroup] = {}
         self._on = f" on worker {address}"
+        self._hello = envelope.encode_hello(max_concurrency)
 
     # -- connections ---------------------------------------------------------------------------
 
@@ -215,7 +239,7 @@ class Server:
         for closing in self._closing:
             closing.deadline = min(closing.deadline, self._close_by)
         for call in list(self.calls):
-            call.scope.cancel()
+            call.cancel()
         await self.stop.drain_for(timeout)
 
     async def handle(self, stream: ByteStream) -> None:
@@ -233,6 +257,10 @@ class Server:
         origins = envelope.Origins()
         new_scope = scope_factory()
         async with stream, open_call_group() as tg:
+            try:
+                await frames.send(Frame(Kind.HELLO, 0, self._hello))
+            except PEER_GONE:
+                return
             # Under asyncio the event loop routes the frames that arrive while this task
             # waits (a call's task is started from there: _callgroup's tasks need no parent
             # task), saving this task a wake-up per frame.
@@ -269,7 +297,7 @@ class Server:
             if not self._has_room():
                 tg.start_soon(self._refuse_busy, frames, frame.call_id, tg)
                 return
-            call = _ServerCall(frame.call_id, new_scope())
+            call = _ServerCall(frame.call_id, new_scope(), frames)
             calls[call.id] = call
             self.calls.add(call)
             self.stop.started()
@@ -279,7 +307,8 @@ class Server:
         if call is None:
             return  # late frame for a call that ended
         if frame.kind == Kind.CANCEL:
-            call.scope.cancel()
+            call.cancel()
+            tg.start_soon(_send_quietly, frames, Frame(Kind.CANCELLING, call.id))
         elif frame.kind in (Kind.ASEND, Kind.ATHROW, Kind.ACLOSE):
             if call.streaming is False:
                 call.refuse(f"a {frame.kind.name} frame for a coroutine call")
@@ -352,16 +381,20 @@ class Server:
                                                           "the arguments", self._on)
                 values = self._load_context(request.context, call.name)
                 body = routine_body(fn)
-                call.streaming = inspect.isasyncgenfunction(body)
+                call.streaming = not request.plain and inspect.isasyncgenfunction(body)
                 if request.timeout is not None and not call.streaming:
                     call.scope.deadline = anyio.current_time() + request.timeout
+                    call.deadline = time.monotonic() + request.timeout
             except Exception as exc:
                 await self._reply_exception(frames, call, exc)
                 return
-            await frames.send(Frame(Kind.ACK, call.id))
+            await frames.send(Frame(Kind.ACK, call.id, envelope.encode_ack(
+                time.perf_counter() - call.read_at)))
             # Set in this call's own task: the routine (and tasks it starts) see them, nothing
-            # else does.
+            # else does. From here on, what runs is the routine's (loading its arguments is
+            # not: an interruption there would cut an import halfway).
             set_active(self.nested.dispatcher(request.origin, call.name))
+            _interrupt.current.set(call)
             if call.streaming:
                 await self._run_generator(frames, call, request.caller, body, args, kwargs)
             else:
@@ -369,7 +402,8 @@ class Server:
                     call.refuse("a step frame for a coroutine call")
                 set_running(RoutineTask(call.id, request.caller, call.name, call.scope.deadline))
                 _context.apply(values)
-                await self._run_coroutine(frames, call, values, body, args, kwargs)
+                await self._run_coroutine(frames, call, values, body, args, kwargs,
+                                          plain=request.plain)
         if call.scope.cancelled_caught:
             if call.protocol_error is not None:
                 await self._reply_exception(frames, call, FrameError(
@@ -395,10 +429,20 @@ class Server:
         body: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
+        *,
+        plain: bool = False,
     ) -> None:
+        """Run a coroutine routine, or (``plain``) a plain function, right here in the call's
+        task: a plain function holds the event loop until it returns (see runtime._interrupt
+        for how it is cancelled meanwhile)."""
         try:
-            value = await body(*args, **kwargs)
+            if plain:
+                value = _interrupt.invoke(body, args, kwargs)
+            else:
+                value = await body(*args, **kwargs)
         except BaseException as exc:
+            if _interrupt.interrupted(exc):
+                await _ended_by_its_scope()
             await self._reply_exception(frames, call, self._reportable(call, exc), values)
             return
         await self._reply_value(frames, call, value, "the value it returned", values, Kind.RETURN)
@@ -438,6 +482,7 @@ class Server:
                 with anyio.CancelScope() as step_scope:
                     if step.timeout is not None:
                         step_scope.deadline = anyio.current_time() + step.timeout
+                        call.deadline = time.monotonic() + step.timeout
                     set_running(RoutineTask(call.id, caller, call.name, step_scope.deadline))
                     try:
                         if thrown is not None:
@@ -450,7 +495,11 @@ class Server:
                     except StopAsyncIteration:
                         ended = True
                     except BaseException as exc:
+                        if _interrupt.interrupted(exc):
+                            await _ended_by_its_scope()
                         error = self._reportable(call, exc)
+                    finally:
+                        call.deadline = math.inf  # none between steps
                 if step_scope.cancelled_caught:  # the caller's deadline for this step passed
                     await self._reply_cancelled(frames, call)
                 elif error is not None:
@@ -605,15 +654,23 @@ class Server:
         await anyio.wait_readable(pidfd)
         self.stop.request(0)
 
-    async def watch_signals(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-                            ) -> None:
-        """Stop on SIGTERM (now) and SIGINT (drain); started once the handlers are installed
-        (so before the worker announces itself: a worker already out of descriptors could not
-        import what installing them needs)."""
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            task_status.started()
-            async for signum in signals:
-                self.stop.request(0 if signum == signal.SIGTERM else -1)
+    def interrupter(self) -> _interrupt.Interrupter:
+        """The interrupter of this worker's calls (see :mod:`anywool.runtime._interrupt`),
+        made in the event loop: SIGTERM stops now, SIGINT drains forever; both are seen, and
+        the calls that must end are interrupted, also while a routine holds the loop."""
+
+        def on_signal(signum: int) -> None:
+            self.stop.request(0 if signum == signal.SIGTERM else -1)
+
+        return _interrupt.Interrupter(lambda: list(self.calls), lambda: self.stop.grace == 0,
+                                      _interrupt.Interrupter.call_soon_here(), on_signal)
+
+
+async def _ended_by_its_scope() -> None:
+    """A routine was interrupted (runtime._interrupt) because its scope is cancelled or past
+    its deadline: raise that cancellation here, as the routine's next checkpoint would have,
+    so that the call ends as any cancelled call does."""
+    await anyio.lowlevel.checkpoint()
 
 
 async def _half_close(frames: FrameStream) -> None:
@@ -631,7 +688,11 @@ async def _refuse(frames: FrameStream, call_id: int) -> None:
 
 
 async def _send_room(frames: FrameStream) -> None:
+    await _send_quietly(frames, Frame(Kind.ROOM, 0))
+
+
+async def _send_quietly(frames: FrameStream, frame: Frame) -> None:
     try:
-        await frames.send(Frame(Kind.ROOM, 0))
+        await frames.send(frame)
     except PEER_GONE:
-        pass
+        pass  # the client is gone: nobody to tell

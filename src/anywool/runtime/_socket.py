@@ -104,6 +104,16 @@ class SocketStream(ByteStream):
         except OSError as exc:
             raise self._broken(exc) from exc
 
+    def peek(self, max_bytes: int) -> bytes:
+        """What the socket holds now, up to ``max_bytes``, left in it for the next receive
+        (``b""``: nothing, or the peer ended its side, or the stream is broken or closed)."""
+        if self._closed:
+            return b""
+        try:
+            return self._sock.recv(max_bytes, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except OSError:
+            return b""
+
     async def wait_readable(self) -> None:
         """Wait until a receive would not block (cancellable).
 

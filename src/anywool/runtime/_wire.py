@@ -5,6 +5,9 @@ the call id (8 bytes, big-endian) and the payload (opaque bytes, usually msgpack
 cloudpickles). The length is checked against ``max_frame_size`` before any of the body is read,
 so a corrupt or hostile length never makes us allocate gigabytes.
 
+A worker first sends ``HELLO`` (call id 0) on every connection: what a client should know of
+it before it sends calls (its ``max_concurrency``; see :mod:`anywool.runtime._envelope`).
+
 Per call the worker answers ``Ack (Return | Result* (Exception | End)) | Exception | Nack``:
 
 * ``CALL`` (client → worker) carries the routine, its arguments and what travels with them
@@ -17,9 +20,11 @@ Per call the worker answers ``Ack (Return | Result* (Exception | End)) | Excepti
 * a coroutine answers one ``RETURN`` (its value; the call's end) or ``EXCEPTION``;
 * an async generator answers one frame per step the client drives with ``ASEND``, ``ATHROW``
   or ``ACLOSE``: ``RESULT`` (a yielded item), ``END`` (exhausted or closed) or ``EXCEPTION``;
-* ``CANCEL`` (client → worker) cancels the routine; the worker still ends the call with
-  ``EXCEPTION`` (a :class:`~anywool.errors.RoutineCancelled`), ``END`` or, when it had already
-  finished, whatever ended it (``RETURN`` included).
+* ``CANCEL`` (client → worker) cancels the routine; the worker answers ``CANCELLING`` as soon
+  as its event loop reads it (so the client knows the worker took it, however long the routine
+  takes to unwind), and still ends the call with ``EXCEPTION`` (a
+  :class:`~anywool.errors.RoutineCancelled`), ``END`` or, when it had already finished,
+  whatever ended it (``RETURN`` included).
 
 This module does framing only; it knows nothing of routines or pickles.
 """
@@ -63,6 +68,8 @@ class Kind(enum.IntEnum):
     ACLOSE = 10
     ROOM = 11
     RETURN = 12
+    CANCELLING = 13
+    HELLO = 14
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +110,8 @@ _KINDS: dict[int, Kind] = {int(kind): kind for kind in Kind}
 _STREAK = 64
 # The most bytes one read asks for while a large frame body is missing (a memory bound).
 _MAX_READ = 1 << 20
+# The most bytes of the socket that FrameStream.pending looks at.
+_PEEK_SIZE = 1 << 18
 
 
 def payload_limit(max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> int:
@@ -187,6 +196,7 @@ class FrameStream:
         self._raw_send = send_stream if isinstance(send_stream, SocketStream) else None
         self._raw_receive = receive_stream if isinstance(receive_stream, SocketStream) else None
         self._buffer = bytearray()
+        self._reading = False  # a read is being appended to the buffer (see pending)
         self._ended = False
         self._streak = 0
         # Set by _drain (the readiness callback) for the receiver waiting in _fill: it read.
@@ -364,17 +374,15 @@ class FrameStream:
         raw, handler = self._raw_receive, self._handler
         assert raw is not None and handler is not None
         try:
-            data = raw.try_receive(self._wanted())
+            read = self._read_now(raw)
         except Exception as exc:  # broken or closed: the receiver raises it
             self._drain_error, self._drained = exc, True
             return False
-        if data is None:
+        if read is None:
             return True  # nothing after all
         self._drained = True
-        if not data:
-            self._ended = True
+        if not read:
             return False
-        self._buffer += data
         while True:
             try:
                 frame = self._next()
@@ -388,6 +396,50 @@ class FrameStream:
                 self._drain_error = exc
                 return False
 
+    def _read_now(self, raw: SocketStream) -> bool | None:
+        """Read what the socket holds into the buffer: ``True`` when something was read,
+        ``None`` when nothing is there yet, ``False`` at the end of the stream. Between the
+        read and the append, :meth:`pending` cannot look (see ``_reading``)."""
+        self._reading = True
+        try:
+            data = raw.try_receive(self._wanted())
+            if data:
+                self._buffer += data
+        finally:
+            self._reading = False
+        if data is None:
+            return None
+        if not data:
+            self._ended = True
+            return False
+        return True
+
+    def pending(self, kind: Kind, call_id: int) -> bool:
+        """Whether a frame of ``kind`` for ``call_id`` has arrived and is not received yet (in
+        the buffer, or still in the socket), as far as it shows without reading: synchronous,
+        and it changes nothing, so a signal handler may ask while the receiver is suspended.
+
+        ``False`` when it cannot say: over TLS, while a read is being appended to the buffer,
+        or beyond the first :data:`_PEEK_SIZE` bytes the socket holds.
+        """
+        raw = self._raw_receive
+        if raw is None or self._reading:
+            return False
+        buffer = self._buffer
+        held = len(buffer)
+        ahead = raw.peek(_PEEK_SIZE)
+        offset = 0
+        while True:
+            header = _header_at(buffer, held, ahead, offset)
+            if header is None:
+                return False
+            length, found_kind, found_id = header
+            if found_kind == kind and found_id == call_id:
+                return True
+            if length > self._max or length < ENVELOPE_OVERHEAD:
+                return False  # malformed: the receiver will say so
+            offset += _LENGTH.size + length
+
     def _wanted(self) -> int:
         """How many bytes to ask for: what the frame being read still lacks, within bounds."""
         buffer = self._buffer
@@ -399,8 +451,8 @@ class FrameStream:
     async def _fill(self) -> None:
         raw = self._raw_receive
         if raw is not None:
-            data = raw.try_receive(self._wanted())
-            while data is None:
+            read = self._read_now(raw)
+            while read is None:
                 self._streak = 0
                 await raw.wait_readable()
                 if self._drained:  # the readiness callback read (see deliver_while_waiting)
@@ -409,17 +461,33 @@ class FrameStream:
                     if error is not None:
                         raise error
                     return
-                data = raw.try_receive(self._wanted())
-        else:
-            self._streak = 0
-            try:
-                data = await self._receive_stream.receive(self._wanted())
-            except anyio.EndOfStream:
-                data = b""
+                read = self._read_now(raw)
+            return
+        self._streak = 0
+        try:
+            data = await self._receive_stream.receive(self._wanted())
+        except anyio.EndOfStream:
+            data = b""
         if data:
             self._buffer += data
         else:
             self._ended = True
+
+
+def _header_at(buffer: bytearray, held: int, ahead: bytes, offset: int
+               ) -> tuple[int, int, int] | None:
+    """The (length, kind, call id) of the frame at ``offset`` of the bytes ``buffer[:held]``
+    then ``ahead``, or ``None`` where they end first."""
+    end = offset + _HEADER.size
+    if end <= held:
+        return _HEADER.unpack_from(buffer, offset)
+    if offset >= held:
+        if end - held > len(ahead):
+            return None
+        return _HEADER.unpack_from(ahead, offset - held)
+    if end - held > len(ahead):
+        return None
+    return _HEADER.unpack(bytes(buffer[offset:held]) + ahead[:end - held])
 
 
 def shut_down(stream: object) -> None:

@@ -63,7 +63,7 @@ from anywool import _interfaces, _secret
 from anywool._address import Address
 from anywool._errno import exhausted
 from anywool.errors import AuthenticationError
-from anywool.runtime import _lifeline, _socket, _socket_dir
+from anywool.runtime import _interrupt, _lifeline, _socket, _socket_dir
 from anywool.runtime import _serializer as serializer
 from anywool.runtime._nested import NestedProxies, idle_timeout_from_environment
 from anywool.runtime._server import REPLY_TIMEOUT, STOP_TAIL, Server
@@ -265,6 +265,7 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
     if lifeline is None and not os.isatty(control):
         threading.Thread(target=_exit_when_orphaned, args=(control, remove_socket), daemon=True,
                          name="anywool-orphan-watchdog").start()
+    interrupter: _interrupt.Interrupter | None = None
     try:
         async with anyio.create_task_group() as main_tg:
             worker = Server(str(announced), NestedProxies(main_tg, idle_timeout, str(announced)),
@@ -272,7 +273,10 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
             main_tg.start_soon(worker.watch_stdin)
             if lifeline is not None:
                 main_tg.start_soon(worker.watch_parent, lifeline.parent)
-            await main_tg.start(worker.watch_signals)
+            # Before the worker announces itself: a stop signal from then on is never lost.
+            interrupter = worker.interrupter()
+            interrupter.install()
+            main_tg.start_soon(interrupter.heartbeat)
             async with anyio.create_task_group() as serving:
                 handler, places = worker.handle, None
                 if not announced.is_unix:
@@ -300,6 +304,8 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
                 serving.cancel_scope.cancel()
             main_tg.cancel_scope.cancel()
     finally:
+        if interrupter is not None:
+            interrupter.close()
         with anyio.CancelScope(shield=True):
             await _close_listener(listener)
         remove_socket()
