@@ -104,7 +104,8 @@ class WorkerConnection(SingleUse):
     :param on_free: called (synchronously) when the connection stops being :attr:`busy`
         because a call waiting to start on it started, ended or was given up.
     :param on_accepted: called (synchronously, from the reader task) whenever the worker
-        accepts a call.
+        accepts a call after it said it had room (``on_room``), until it refuses one as busy
+        again: it may have room for more.
     :param on_sent: called (synchronously, from the calling task) whenever a call is about to
         be sent, once it counts among the calls waiting to start (see :attr:`busy`).
     :param origin: returns what calls made here carry as their origin: the key and pickle of
@@ -152,6 +153,9 @@ class WorkerConnection(SingleUse):
         self._on_sent = on_sent
         self._origin = origin
         self._refused = False  # the worker refused a call as busy and has not had room since
+        # Since the worker's last ROOM, and until it refuses a call again: every call it
+        # accepts may leave it room for one more (see on_accepted).
+        self._roomy = False
         self._unstarted = 0  # calls sent that the worker has neither accepted nor answered
         self._window = 1  # how many calls may wait to start (see START_WITHIN)
         self._limit: int | None = None  # the worker's max_concurrency, from its HELLO
@@ -316,6 +320,7 @@ class WorkerConnection(SingleUse):
             return
         if frame.kind == Kind.NACK and frame.payload == envelope.BUSY:
             self._refused = True
+            self._roomy = False
         call = self._calls.get(frame.call_id)
         if call is None:
             return  # a call that already gave up (e.g. cancelled): drop its late frames
@@ -331,7 +336,8 @@ class WorkerConnection(SingleUse):
                 waited = None
             self._settle(call, started=time.perf_counter() - call.sent_at
                          if waited is None else waited)
-            self._accepted()
+            if self._roomy:
+                self._accepted()
             if call.quiet_ack:
                 return
         elif frame.kind in _TERMINAL:
@@ -384,6 +390,7 @@ class WorkerConnection(SingleUse):
 
     def _room(self) -> None:
         self._refused = False
+        self._roomy = True
         if self._on_room is not None:
             try:
                 self._on_room()

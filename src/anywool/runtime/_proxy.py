@@ -664,10 +664,14 @@ class WorkerProxy(SingleUse):
             self._on_room()
 
     def _on_sent(self) -> None:
-        if (self._room_front or self._room_waiters) and any(
-                not connection.busy and not connection.broken
-                for _, connection in self._ready_list):
+        if (self._room_front or self._room_waiters) and self._has_room():
             self._on_room()
+
+    def _has_room(self) -> bool:
+        for _, connection in self._ready_list:
+            if not connection.busy and not connection.broken:
+                return True
+        return False
 
     def _on_room(self) -> None:
         for waiters in (self._room_front, self._room_waiters):
