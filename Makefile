@@ -33,6 +33,7 @@ bench: $(VENV)/.bench-installed
 	mkdir -p $(BENCH_JSON)
 	$(BIN)/python -m compileall -q src benchmarks
 	$(BIN)/python benchmarks/peers.py --json $(BENCH_JSON)/peers.json $(ARGS)
+	$(BIN)/python benchmarks/workloads.py --json $(BENCH_JSON)/workloads.json $(ARGS)
 	$(BIN)/python benchmarks/run.py --json $(BENCH_JSON)/run.json $(ARGS)
 	$(BIN)/python benchmarks/discovery.py --json $(BENCH_JSON)/discovery.json $(ARGS)
 	$(BIN)/python benchmarks/lan.py --json $(BENCH_JSON)/lan.json
