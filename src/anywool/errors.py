@@ -152,15 +152,21 @@ class DiscoveryWorkerNotFound(DiscoveryError):
 class NoWorkersAvailable(WoolError):
     """No admitted worker could take a call.
 
-    :param reason: why, in words (for example the quorum wait timed out after some seconds).
+    :param reason: why, in words (for example: this pool spawns none and none are published in
+        its namespace; the namespace's owner went away; every worker slot was given up).
+    :param namespace: the namespace the workers were looked for in (``None``: not known, e.g.
+        a subscriber that has none).
     """
 
-    def __init__(self, reason: str = "no admitted worker can take the call") -> None:
-        super().__init__(reason)
+    def __init__(self, reason: str = "no admitted worker can take the call",
+                 namespace: str | None = None) -> None:
+        super().__init__(reason, namespace)
         self.reason = reason
+        self.namespace = namespace
 
     def __str__(self) -> str:
-        return f"no workers available: {self.reason}"
+        where = "" if self.namespace is None else f" in namespace {self.namespace!r}"
+        return f"no workers available{where}: {self.reason}"
 
 
 class WorkerError(WoolError):

@@ -8,7 +8,8 @@ reaches it anyway, as Ctrl-C reaches a script:
 * a heartbeat task notes the time every :data:`PERIOD` seconds while the loop turns;
 * a watchdog thread wakes every :data:`PERIOD` seconds; when the loop has missed its beats for
   :data:`HELD_AFTER` seconds and a running call has a reason to end (its caller cancelled it,
-  its deadline passed, the worker must stop now), it sends the main thread :data:`SIGNAL`;
+  its deadline passed, the worker must stop now: told so, SIGTERM, or its parent exited), it
+  sends the main thread :data:`SIGNAL`;
 * that signal's handler, which Python runs in the main thread between two bytecodes (also when
   a blocking system call such as ``time.sleep`` is interrupted by it), raises
   :class:`Interrupted` in the call running there, if that call has a reason to end: the
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import contextvars
 import os
+import select
 import signal
 import sys
 import threading
@@ -135,6 +137,8 @@ class Interrupter:
     :param call_soon: schedules a function on the event loop; safe from a signal handler
         (asyncio's ``call_soon_threadsafe``, trio's ``run_sync_soon``).
     :param on_signal: called (through ``call_soon``) with SIGTERM or SIGINT.
+    :param parent: a pidfd on the worker's parent (``None``: none): once it is readable (the
+        parent exited), every call has a reason to end, as after SIGTERM.
 
     :meth:`install` in the main thread, from inside the event loop; :meth:`close` when done.
     """
@@ -142,11 +146,12 @@ class Interrupter:
     def __init__(self, calls: Callable[[], Iterable[Interruptible]],
                  stopping: Callable[[], bool],
                  call_soon: Callable[..., Any],
-                 on_signal: Callable[[int], None]) -> None:
+                 on_signal: Callable[[int], None], *, parent: int | None = None) -> None:
         self._calls = calls
         self._stopping = stopping
         self._call_soon = call_soon
         self._on_signal = on_signal
+        self._parent = parent
         self._beat = time.monotonic()
         self._stop_now = False  # SIGTERM seen: every call has a reason to end
         self._closed = threading.Event()
@@ -205,6 +210,8 @@ class Interrupter:
             if time.monotonic() - self._beat < HELD_AFTER:
                 wait = PERIOD
                 continue
+            if not self._stop_now and self._parent_gone():
+                self._stop_now = True  # the loop learns it from the same pidfd once it turns
             try:
                 reason = self._stop_now or self._stopping() or any(
                     call.must_end() for call in self._calls())
@@ -216,6 +223,15 @@ class Interrupter:
                 except OSError:
                     return  # the main thread is gone: the worker is exiting
                 wait = min(wait * 2, MAX_RETRY)
+
+    def _parent_gone(self) -> bool:
+        if self._parent is None:
+            return False
+        try:
+            readable, _, _ = select.select([self._parent], [], [], 0)
+        except (OSError, ValueError):  # closed: the worker is exiting
+            return False
+        return bool(readable)
 
     # -- the main thread -----------------------------------------------------------------------
 

@@ -252,6 +252,9 @@ class WorkerPool(SingleUse):
         self._exiting = False
         self._announcing: set[anyio.CancelScope] = set()
         self._stopping = anyio.Event()
+        self._slots = 0  # worker slots that have not been given up
+        self._ended: set[UUID] = set()  # workers this pool killed itself (see _end_stuck)
+        self._given_up: str | None = None  # why every slot was, once they all were
         self._announce_budget = Budget(self._announce_timeout)
         self._shutdown_budget = Budget(self._shutdown_timeout)
 
@@ -373,6 +376,9 @@ class WorkerPool(SingleUse):
         )
         self._proxy._set_own(self._own)
         self._proxy._end_worker = self._end_stuck
+        self._proxy._spawns = bool(count and owned is not None)
+        if self._given_up is not None:
+            self._proxy._given_up = self._given_up
         await stack.enter_async_context(self._proxy)
         stack.push_async_callback(self._begin_exit)
 
@@ -395,6 +401,7 @@ class WorkerPool(SingleUse):
                 failures.append(exc)
                 starters.cancel_scope.cancel()
 
+        self._slots = count
         async with anyio.create_task_group() as starters:
             for _ in range(count):
                 starters.start_soon(start_one, starters)
@@ -436,8 +443,12 @@ class WorkerPool(SingleUse):
                     if code is None:  # the pool is exiting
                         await worker.stop(self._shutdown_budget.left)
                         return
-                    log.warning("worker pid %s exited unexpectedly (code %s); replacing it",
-                                worker.pid, code)
+                    if worker.metadata.uid in self._ended:
+                        self._ended.discard(worker.metadata.uid)
+                        log.info("worker pid %s ended (code %s); replacing it", worker.pid, code)
+                    else:
+                        log.warning("worker pid %s exited unexpectedly (code %s); replacing it",
+                                    worker.pid, code)
                     await self._announce(worker, "worker-dropped")
                     self._own.discard(worker.metadata.uid)
                     self._own_changed()
@@ -455,6 +466,13 @@ class WorkerPool(SingleUse):
             if start_failures >= _MAX_START_FAILURES:
                 log.error("giving up a worker slot of %r after %d failed starts in a row; "
                           "last: %s", self, start_failures, reason)
+                self._slots -= 1
+                if not self._slots:
+                    self._given_up = (f"every worker slot of this pool was given up after "
+                                      f"{start_failures} failed starts in a row (the last: "
+                                      f"{reason})")
+                    if self._proxy is not None:
+                        self._proxy._given_up = self._given_up
                 return
             with anyio.move_on_after(_RESTART_BACKOFF * 2 ** (start_failures - 1)):
                 await self._stopping.wait()
@@ -466,6 +484,7 @@ class WorkerPool(SingleUse):
             if worker.metadata.uid == uid:
                 log.warning("ending worker pid %s (SIGKILL): a routine holds its event loop "
                             "past a cancellation; it is replaced", worker.pid)
+                self._ended.add(uid)
                 worker.kill()
                 return
 

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 import anyio
+import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from anywool import _validate
@@ -193,16 +194,21 @@ class WorkerProxy(SingleUse):
             from anywool.discovery import LocalDiscovery
 
             self._uri = discovery
+            source = LocalDiscovery.Subscriber(discovery)
             subscriber: DiscoverySubscriberLike = afilter(
-                SharesATag({discovery, *self._uri_tags}), LocalDiscovery.Subscriber(discovery)
-            )
+                SharesATag({discovery, *self._uri_tags}), source)
         else:
             if uri_tags:
                 raise TypeError(
                     "extra positional tags belong to the pool-URI form WorkerProxy(namespace, "
                     f"*tags); with a subscriber, pass tags=..., got {uri_tags!r}"
                 )
-            subscriber = _check_subscriber(discovery)
+            subscriber = source = _check_subscriber(discovery)
+        # What a NoWorkersAvailable says: the namespace, and why (see _why_none).
+        self._source: object = source
+        self._namespace = getattr(source, "namespace", None)
+        if not isinstance(self._namespace, str):
+            self._namespace = None
         if loadbalancer is None:
             loadbalancer = RoundRobinLoadBalancer()
         elif isinstance(loadbalancer, type) or not isinstance(loadbalancer, LoadBalancerLike):
@@ -233,6 +239,14 @@ class WorkerProxy(SingleUse):
         # Workers a pool spawned itself: admitted whatever the lease (the pool keeps this set).
         self._own: set[UUID] = set()
         self._admitted: dict[UUID, _Admitted] = {}
+        self._ever_admitted = False
+        # Workers published but not admitted, for want of a tag of ``tags``.
+        self._excluded: dict[UUID, frozenset[str]] = {}
+        # Set by a pool: whether it spawns workers, and why it has none left (its slots were
+        # given up).
+        self._spawns = False
+        self._given_up: str | None = None
+        self._owned_at: tuple[float, bool | None] | None = None  # when the owner was asked
         self._waiting: dict[UUID, WorkerMetadata] = {}  # over the lease, in arrival order
         self._ready: dict[UUID, tuple[WorkerMetadata, WorkerConnection]] = {}
         self._ready_list: list[tuple[WorkerMetadata, WorkerConnection]] = []
@@ -366,6 +380,10 @@ class WorkerProxy(SingleUse):
             return  # exiting: admit nothing new, drop nothing that calls may still use
         metadata = event.metadata
         uid = metadata.uid
+        if event.type != "worker-dropped" and not self._admits(metadata):
+            self._excluded[uid] = metadata.tags
+        else:
+            self._excluded.pop(uid, None)
         if event.type == "worker-dropped" or not self._admits(metadata):
             self._waiting.pop(uid, None)
             current = self._admitted.pop(uid, None)
@@ -387,6 +405,7 @@ class WorkerProxy(SingleUse):
         self._admit(metadata)
 
     def _admit(self, metadata: WorkerMetadata) -> None:
+        self._ever_admitted = True
         admitted = _Admitted(metadata)
         self._admitted[metadata.uid] = admitted
         self._connecting += 1
@@ -519,7 +538,7 @@ class WorkerProxy(SingleUse):
                     break
                 await self._changed.wait()
         if self._failure is not None:
-            raise self._failure
+            raise _fresh(self._failure)
         if not self._active:
             raise self._inactive()
         connected = len(self._ready)
@@ -557,15 +576,45 @@ class WorkerProxy(SingleUse):
                 f"{self._quorum_timeout} seconds{refused}"
             )
         if self._discovery_ended and not self._connecting:
-            raise NoWorkersAvailable("the discovery subscription ended with no usable worker")
+            raise NoWorkersAvailable("the discovery subscription ended with no usable worker",
+                                     self._namespace)
         if need > 1:
             raise NoWorkersAvailable(
                 f"{connected} of the quorum of {need} workers connected within "
-                f"{self._quorum_timeout} seconds{refused}"
-            )
-        raise NoWorkersAvailable(
-            f"no admitted worker connected within {self._quorum_timeout} seconds"
-        )
+                f"{self._quorum_timeout} seconds{refused}", self._namespace)
+        raise NoWorkersAvailable(await self._why_none(), self._namespace)
+
+    async def _why_none(self) -> str:
+        """Why no worker is connected, in words (after waiting ``quorum_timeout``)."""
+        waited = f"(waited {self._quorum_timeout:g} s)"
+        if self._given_up is not None:
+            return f"{self._given_up} {waited}"
+        if self._admitted:
+            return (f"{len(self._admitted)} admitted worker(s) did not connect "
+                    f"{waited}{_reasons(self._rejected)}")
+        if self._excluded:
+            return (f"{len(self._excluded)} worker(s) are published there, but none carries "
+                    f"every tag of {sorted(self._tags or ())} {waited}")
+        owned = None
+        ask = getattr(self._source, "_owned", None)
+        if callable(ask):
+            # Asked once however many calls fail at once, and again a while later.
+            now = anyio.current_time()
+            if self._owned_at is None or now - self._owned_at[0] > 1.0:
+                answer = await anyio.to_thread.run_sync(ask)
+                self._owned_at = (now, answer if isinstance(answer, bool) else None)
+            owned = self._owned_at[1]
+        if owned is False:
+            gone = "its workers went with it" if self._ever_admitted else "none were published"
+            return f"the namespace has no live owner any more: it exited or died, and {gone} " \
+                   f"{waited}"
+        if self._ever_admitted:
+            return f"every worker published there was withdrawn {waited}"
+        if self._spawns:
+            return f"this pool's workers are not running {waited}"
+        if self._nested:
+            return f"the workers of the pool this call came from are gone {waited}"
+        return f"this pool spawns no workers, and none are published there {waited}"
 
     def _unverified(self) -> str | None:
         """The address claimed by a record our subscriber could not verify, when it can say
@@ -773,6 +822,26 @@ class WorkerProxy(SingleUse):
         if self._uri is not None:
             return f"WorkerProxy({', '.join(map(repr, [self._uri, *sorted(self._uri_tags)]))})"
         return f"WorkerProxy({self._discovery!r})"
+
+
+def _fresh(error: BaseException) -> BaseException:
+    """A copy of ``error`` for one more call to raise: each call fails with its own exception
+    (one raised by many tasks at once would chain all their tracebacks, and appear many times
+    over in a task group's ExceptionGroup)."""
+    try:
+        copy = type(error)(*error.args)
+    except Exception:
+        return error
+    copy.__cause__ = error.__cause__
+    copy.__suppress_context__ = True
+    return copy
+
+
+def _reasons(rejected: dict[UUID, AuthenticationError]) -> str:
+    if not rejected:
+        return ""
+    latest = next(reversed(rejected.values()))
+    return f"; the latest, {latest.address}, refused to authenticate us: {latest.reason}"
 
 
 def _check_subscriber(discovery: object) -> DiscoverySubscriberLike:

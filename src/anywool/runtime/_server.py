@@ -654,16 +654,19 @@ class Server:
         await anyio.wait_readable(pidfd)
         self.stop.request(0)
 
-    def interrupter(self) -> _interrupt.Interrupter:
+    def interrupter(self, parent: int | None = None) -> _interrupt.Interrupter:
         """The interrupter of this worker's calls (see :mod:`anywool.runtime._interrupt`),
         made in the event loop: SIGTERM stops now, SIGINT drains forever; both are seen, and
-        the calls that must end are interrupted, also while a routine holds the loop."""
+        the calls that must end are interrupted, also while a routine holds the loop. With
+        ``parent`` (a pidfd on the parent), the parent's exit stops now too (as
+        :meth:`watch_parent` does, once the loop turns)."""
 
         def on_signal(signum: int) -> None:
             self.stop.request(0 if signum == signal.SIGTERM else -1)
 
         return _interrupt.Interrupter(lambda: list(self.calls), lambda: self.stop.grace == 0,
-                                      _interrupt.Interrupter.call_soon_here(), on_signal)
+                                      _interrupt.Interrupter.call_soon_here(), on_signal,
+                                      parent=parent)
 
 
 async def _ended_by_its_scope() -> None:

@@ -274,7 +274,7 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
             if lifeline is not None:
                 main_tg.start_soon(worker.watch_parent, lifeline.parent)
             # Before the worker announces itself: a stop signal from then on is never lost.
-            interrupter = worker.interrupter()
+            interrupter = worker.interrupter(None if lifeline is None else lifeline.parent)
             interrupter.install()
             main_tg.start_soon(interrupter.heartbeat)
             async with anyio.create_task_group() as serving:

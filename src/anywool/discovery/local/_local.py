@@ -593,6 +593,18 @@ class LocalDiscovery(Discovery, SingleUse):
         def __reduce__(self) -> tuple[Any, ...]:
             return (_make_subscriber, (self.namespace, self.poll_interval))
 
+        def _owned(self) -> bool | None:
+            """Whether a live owner holds the namespace now (``None``: it cannot say). Blocking
+            file I/O: for a diagnosis, run in a worker thread."""
+            try:
+                binding = _binding.bind(self.namespace)
+            except DiscoveryNamespaceNotFound:
+                return False
+            except Exception:
+                return None
+            binding.close()
+            return True
+
         def __eq__(self, other: object) -> bool:
             if not isinstance(other, LocalDiscovery.Subscriber):
                 return NotImplemented
