@@ -25,7 +25,8 @@ CASES = [
     (DiscoveryCapacityExhausted, (128,), ("capacity",)),
     (DiscoveryBlockExhausted, (1025,), ("size",)),
     (DiscoveryWorkerNotFound, (uuid.UUID(int=7),), ("uid",)),
-    (NoWorkersAvailable, ("quorum wait timed out",), ("reason",)),
+    (NoWorkersAvailable, ("quorum wait timed out", "jobs"), ("reason", "namespace")),
+    (NoWorkersAvailable, ("quorum wait timed out", None), ("reason", "namespace")),
 ]
 
 
