@@ -84,13 +84,34 @@ async def test_proxy_fails_dispatch_at_once_when_its_subscriber_raises() -> None
         async with WorkerProxy(FailingSubscriber(error), quorum_timeout=60):
             with pytest.raises(DiscoveryNamespaceNotFound) as info:
                 await add(1, 1)
-    assert info.value is error
+    assert info.value.args == error.args
+
+
+async def test_every_waiting_call_fails_with_its_own_copy_of_the_subscribers_error() -> None:
+    # Not one object raised by every task: its tracebacks would chain, and a task group would
+    # list it as many times as there were calls.
+    error = DiscoveryNamespaceNotFound("nowhere")
+    raised: list[BaseException] = []
+
+    async def call() -> None:
+        try:
+            await add(1, 1)
+        except DiscoveryNamespaceNotFound as exc:
+            raised.append(exc)
+
+    with anyio.fail_after(5):
+        async with WorkerProxy(FailingSubscriber(error), quorum_timeout=60):
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(call)
+    assert len({id(exc) for exc in raised}) == 3
+    assert all(exc is not error and exc.args == error.args for exc in raised)
 
 
 async def test_proxy_without_workers_raises_no_workers_available() -> None:
     with anyio.fail_after(5):
         async with WorkerProxy(FakeDiscovery().subscriber, quorum_timeout=0.2):
-            with pytest.raises(NoWorkersAvailable, match="within 0.2 seconds"):
+            with pytest.raises(NoWorkersAvailable, match=r"no worker is published there \(waited 0.2 s\)"):
                 await add(1, 1)
 
 

@@ -242,9 +242,9 @@ class WorkerProxy(SingleUse):
         self._ever_admitted = False
         # Workers published but not admitted, for want of a tag of ``tags``.
         self._excluded: dict[UUID, frozenset[str]] = {}
-        # Set by a pool: whether it spawns workers, and why it has none left (its slots were
-        # given up).
-        self._spawns = False
+        # Set by a pool: whether it spawns workers (None: not a pool's), and why it has none left
+        # (its slots were given up).
+        self._spawns: bool | None = None
         self._given_up: str | None = None
         self._owned_at: tuple[float, bool | None] | None = None  # when the owner was asked
         self._waiting: dict[UUID, WorkerMetadata] = {}  # over the lease, in arrival order
@@ -614,6 +614,8 @@ class WorkerProxy(SingleUse):
             return f"this pool's workers are not running {waited}"
         if self._nested:
             return f"the workers of the pool this call came from are gone {waited}"
+        if self._spawns is None:
+            return f"no worker is published there {waited}"
         return f"this pool spawns no workers, and none are published there {waited}"
 
     def _unverified(self) -> str | None:
