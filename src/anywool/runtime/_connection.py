@@ -70,6 +70,7 @@ _DEADLINE_SLACK = 0.1
 # a call once started no longer counts.
 START_WITHIN = 0.002
 WINDOW_MAX = 64
+INITIAL_WINDOW = 1
 
 
 class CallNotDelivered(WorkerError):
@@ -157,7 +158,7 @@ class WorkerConnection(SingleUse):
         # accepts may leave it room for one more (see on_accepted).
         self._roomy = False
         self._unstarted = 0  # calls sent that the worker has neither accepted nor answered
-        self._window = 1  # how many calls may wait to start (see START_WITHIN)
+        self._window = INITIAL_WINDOW  # how many calls may wait to start (see START_WITHIN)
         self._limit: int | None = None  # the worker's max_concurrency, from its HELLO
         self._running = 0  # calls sent whose end the worker has not sent (see outstanding)
         self._stream: ByteStream | None = None
