@@ -1,7 +1,7 @@
-"""The routines and bookkeeping behind ``anywool demo``.
+"""The work and bookkeeping behind ``anywool demo``.
 
-The routines live in an importable module (not in the CLI's ``__main__``) so that workers
-import them by reference.
+The functions workers run live in an importable module (not in the CLI's ``__main__``) so that
+workers import them by reference.
 """
 
 from __future__ import annotations
@@ -11,10 +11,6 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import anyio.to_thread
-
-from anywool.runtime._routine import routine
 
 _CHUNK = 1 << 20
 
@@ -42,10 +38,13 @@ def sha256_of(path: str) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-@routine
-async def hash_file(path: str) -> FileDigest:
-    """Hash one file on a worker (the read runs in the worker's thread pool)."""
-    size, hexdigest = await anyio.to_thread.run_sync(sha256_of, path)
+def digest(path: str) -> FileDigest:
+    """What a worker reports for the file at ``path`` (a plain function, for
+    :func:`anywool.run_sync`: hashing holds the worker, so calls spread by work).
+
+    :raises OSError: the file cannot be opened or read.
+    """
+    size, hexdigest = sha256_of(path)
     return FileDigest(os.getpid(), size, hexdigest)
 
 

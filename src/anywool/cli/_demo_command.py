@@ -15,14 +15,14 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 import click
-from anyio.streams.memory import MemoryObjectReceiveStream
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from anywool._address import Address
-from anywool._demo import Tally, hash_file, regular_files, sha256_of
+from anywool._demo import FileDigest, Tally, digest, regular_files, sha256_of
 from anywool.runtime._pool import WorkerPool
+from anywool.runtime._routine import run_sync
 
 __all__ = ["demo"]
 
@@ -34,19 +34,17 @@ __all__ = ["demo"]
               help="Worker processes to spawn (default: the number of CPUs).")
 @click.option("--backend", type=click.Choice(["asyncio", "trio"]), default="asyncio",
               show_default=True, help="Event loop for the pool and its workers.")
-@click.option("--concurrency", type=click.IntRange(min=1, max=4096), default=None,
-              help="Calls in flight at once (default: 8 per worker).")
-def demo(path: Path | None, workers: int | None, backend: str, concurrency: int | None) -> None:
+def demo(path: Path | None, workers: int | None, backend: str) -> None:
     """SHA-256 every regular file under PATH on a worker pool and check each result locally.
 
     PATH defaults to the running Python's standard library directory (without its
-    site-packages and bytecode caches).
+    site-packages and bytecode caches). Every file's call is started at once, as a batch job
+    would; the pool spreads them over its workers by how busy each is.
     """
     root = path or Path(sysconfig.get_paths()["stdlib"])
     # The standard library proper: installed packages and bytecode caches are not part of it.
     skip = frozenset() if path else frozenset({"site-packages", "dist-packages", "__pycache__"})
     count = workers or os.cpu_count() or 1
-    in_flight = concurrency or 8 * count
     if not (root.is_dir() or root.is_file()):
         raise click.BadParameter(f"{root} is neither a directory nor a regular file",
                                  param_hint="PATH")
@@ -55,7 +53,7 @@ def demo(path: Path | None, workers: int | None, backend: str, concurrency: int 
     console.print(f"hashing {len(files)} files under [bold]{root}[/] on {count} workers "
                   f"({backend})")
     created: list[Path] = []
-    tally, elapsed = anyio.run(partial(_hash_all, files, count, in_flight, console, created),
+    tally, elapsed = anyio.run(partial(_hash_all, files, count, console, created),
                                backend=backend)
     _report(console, tally, elapsed)
     # Other programs may use the runtime directory meanwhile: check only what this run made.
@@ -66,30 +64,22 @@ def demo(path: Path | None, workers: int | None, backend: str, concurrency: int 
         raise click.ClickException(f"{len(tally.mismatched)} digests did not match")
 
 
-async def _hash_all(files: list[str], workers: int, in_flight: int, console: Console,
+async def _hash_all(files: list[str], workers: int, console: Console,
                     created: list[Path]) -> tuple[Tally, float]:
-    tally = Tally()
-    send, receive = anyio.create_memory_object_stream[str](in_flight)
+    """Hash every file on the pool, all calls at once (timed), then check each digest here
+    (untimed: the check is not the job)."""
+    results: dict[str, FileDigest] = {}
+    unreadable: list[tuple[str, str]] = []
     progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                         transient=False)
 
-    async def feed() -> None:
-        async with send:
-            for path in files:
-                await send.send(path)
-
-    async def hash_some(task_id: object, paths: MemoryObjectReceiveStream[str]) -> None:
-        async with paths:
-            async for path in paths:
-                try:
-                    result = await hash_file(path)
-                    _, expected = await anyio.to_thread.run_sync(sha256_of, path)
-                except OSError as exc:
-                    tally.unreadable.append((path, f"{type(exc).__name__}: {exc.strerror or exc}"))
-                else:
-                    tally.record(result, expected)
-                progress.advance(task_id)  # type: ignore[arg-type]
+    async def hash_one(task_id: object, path: str) -> None:
+        try:
+            results[path] = await run_sync(digest, path)
+        except OSError as exc:
+            unreadable.append((path, f"{type(exc).__name__}: {exc.strerror or exc}"))
+        progress.advance(task_id)  # type: ignore[arg-type]
 
     async with WorkerPool(spawn=workers) as pool:
         created.append(Path(pool.discovery.path))
@@ -99,12 +89,25 @@ async def _hash_all(files: list[str], workers: int, in_flight: int, console: Con
         with progress:
             task_id = progress.add_task("hashing", total=len(files))
             async with anyio.create_task_group() as tg:
-                tg.start_soon(feed)
-                for _ in range(in_flight):
-                    tg.start_soon(hash_some, task_id, receive.clone())
-                receive.close()
+                for path in files:
+                    tg.start_soon(hash_one, task_id, path)
         elapsed = time.perf_counter() - started
+    with console.status("checking every digest locally"):
+        tally = await anyio.to_thread.run_sync(_check, results, unreadable)
     return tally, elapsed
+
+
+def _check(results: dict[str, FileDigest], unreadable: list[tuple[str, str]]) -> Tally:
+    """The tally of ``results``, each digest checked against one computed here (blocking)."""
+    tally = Tally(unreadable=unreadable)
+    for path, result in results.items():
+        try:
+            _, expected = sha256_of(path)
+        except OSError as exc:
+            tally.unreadable.append((path, f"{type(exc).__name__}: {exc.strerror or exc}"))
+            continue
+        tally.record(result, expected)
+    return tally
 
 
 def _report(console: Console, tally: Tally, elapsed: float) -> None:
