@@ -37,12 +37,13 @@ from anywool.errors import (
     SerializationError,
     WorkerError,
 )
-from anywool.runtime import _auth, _context, _socket
+from anywool.runtime import _auth, _context, _socket, _wakeup
 from anywool.runtime import _envelope as envelope
 from anywool.runtime import _serializer as serializer
 from anywool.runtime._envelope import CallRequest, Origin, Step
 from anywool.runtime._peer import PEER_GONE
 from anywool.runtime._routine import running_task
+from anywool.runtime._wakeup import Wakeup
 from anywool.runtime._wire import (
     DEFAULT_MAX_FRAME_SIZE,
     Frame,
@@ -170,6 +171,7 @@ class WorkerConnection(SingleUse):
         self._origin_delivered: bytes | None = None
         self._ids = itertools.count(1)
         self._failure: str | None = None
+        self._wakeup: Callable[[], Wakeup] = anyio.Event  # native to the backend once entered
         self._reader_done: anyio.Event | None = None
         self._idle: anyio.Event | None = None
         self._lost = anyio.Event()
@@ -215,6 +217,7 @@ class WorkerConnection(SingleUse):
         task_group = self._task_group = anyio.create_task_group()
         await task_group.__aenter__()
         self._reader_done = anyio.Event()
+        self._wakeup = _wakeup.factory()
         task_group.start_soon(self._read, name=f"anywool-reader-{self.address}")
         return self
 
@@ -458,15 +461,17 @@ class WorkerConnection(SingleUse):
 
     # -- calls -------------------------------------------------------------------------------
 
-    async def _open(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                    *, streaming: bool, plain: bool = False) -> _Call:
-        """Register a call and send its CALL frame; a streaming call also waits for the
-        worker's answer to it (a coroutine's caller reads it with the result, see
-        :meth:`call`).
+    def _prepare(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                 *, streaming: bool, plain: bool = False) -> tuple[_Call, Frame, Origin | None]:
+        """Register a call and make its CALL frame (synchronous: nothing is sent yet; the
+        call counts among those waiting to start from here on).
 
         A coroutine's call carries the seconds left of the caller's effective deadline (the
         worker cancels the routine on time by itself, even if the cancel frame is late or lost)
         and the caller's context variables; an async generator's steps carry their own.
+
+        :raises PayloadTooLarge: the call does not fit one frame.
+        :raises CallNotDelivered: the connection is broken.
         """
         name = getattr(fn, "__qualname__", repr(fn))
         origin = None if self._origin is None else self._origin()
@@ -501,19 +506,36 @@ class WorkerConnection(SingleUse):
                 self._on_sent()
             except Exception:
                 log.exception("on_sent callback of %s failed", self.address)
+        return call, Frame(Kind.CALL, call_id, payload), origin
+
+    async def _send_call(self, call: _Call, frame: Frame, origin: Origin | None) -> None:
+        """Send a prepared call's CALL frame.
+
+        :raises CallNotDelivered: the connection failed before the frame was written.
+        Cancellation: raised only while waiting for its turn to write, when nothing was
+        written (a frame, once started, is written whole): the call is finished then, and the
+        worker has nothing to cancel.
+        """
+        assert self._frames is not None
         try:
-            try:
-                await self._frames.send(Frame(Kind.CALL, call_id, payload))
-            except PEER_GONE as exc:
-                self._fail(f"connection failed: {exc!r}")
-                raise CallNotDelivered(self.address, f"could not send the call: {exc!r}") from exc
-            except anyio.get_cancelled_exc_class():
-                # Cancelled waiting for its turn to write: nothing was written (a frame, once
-                # started, is written whole), so the worker has nothing to cancel.
-                call.finished = True
-                raise
-            if origin is not None:
-                self._origin_delivered = origin[0]
+            await self._frames.send(frame)
+        except PEER_GONE as exc:
+            self._fail(f"connection failed: {exc!r}")
+            raise CallNotDelivered(self.address, f"could not send the call: {exc!r}") from exc
+        except anyio.get_cancelled_exc_class():
+            call.finished = True
+            raise
+        if origin is not None:
+            self._origin_delivered = origin[0]
+
+    async def _open(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                    *, streaming: bool, plain: bool = False) -> _Call:
+        """Register a call and send its CALL frame; a streaming call also waits for the
+        worker's answer to it (a coroutine's caller reads it with the result, see
+        :meth:`call`)."""
+        call, frame, origin = self._prepare(fn, args, kwargs, streaming=streaming, plain=plain)
+        try:
+            await self._send_call(call, frame, origin)
             if streaming:
                 first = await call.first_frame()
                 if first.kind != Kind.ACK:
@@ -540,15 +562,21 @@ class WorkerConnection(SingleUse):
         Cancellation: sends a cancel frame, waits up to ``cancel_timeout`` seconds (shielded) for
         the worker to confirm the routine ended, then re-raises the cancellation.
         """
-        call = await self._open(fn, args, kwargs, streaming=False, plain=plain)
+        # The hot path of every call: as few coroutine levels as can be (each adds to every
+        # wake-up of the caller).
+        call, frame, origin = self._prepare(fn, args, kwargs, streaming=False, plain=plain)
         try:
+            await self._send_call(call, frame, origin)
             frame = await call.first_frame()
             call.finished = True
             if frame.kind == Kind.RETURN:
                 return call.value(frame)
             await call.raise_remote(frame)
         finally:
-            await call.release()
+            if call.finished:
+                self._forget(call.id)
+            else:
+                await call.release()
 
     async def stream(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -586,7 +614,7 @@ class _Call:
         self.running = False  # counted in the connection's outstanding calls
         self.sent_at = 0.0
         self._frames: deque[Frame] = deque()
-        self._arrived: anyio.Event | None = None
+        self._arrived: Wakeup | None = None
         self._lost = False
 
     def deliver(self, frame: Frame) -> None:
@@ -614,7 +642,7 @@ class _Call:
         while not frames:
             if self._lost:
                 raise _Lost
-            arrived = self._arrived = anyio.Event()
+            arrived = self._arrived = self.connection._wakeup()
             await arrived.wait()
         return frames.popleft()
 
@@ -627,28 +655,42 @@ class _Call:
         try:
             return await self._wait_frame()
         except _Lost:
-            self.finished = True
-            raise WorkerError(
-                self.connection.address,
-                f"lost while running {self.name}: {self.connection._failure or 'closed'}",
-            ) from None
+            raise self._lost_error() from None
         except anyio.get_cancelled_exc_class():
             await self.abort()
             raise
 
+    def _lost_error(self) -> WorkerError:
+        self.finished = True
+        return WorkerError(self.connection.address,
+                           f"lost while running {self.name}: "
+                           f"{self.connection._failure or 'closed'}")
+
     async def first_frame(self) -> Frame:
         """The worker's answer to the CALL: ``ACK`` (unless ``quiet_ack``), the result, or a
         refusal; a refusal, or a connection lost before the worker accepted the call, raises
-        :class:`CallNotDelivered` (the routine never started)."""
+        :class:`CallNotDelivered` (the routine never started). Otherwise as
+        :meth:`next_frame`."""
+        # next_frame and _wait_frame inlined: every call waits here once.
+        frames = self._frames
         try:
-            frame = await self.next_frame()
-        except WorkerError as exc:
+            while not frames:
+                if self._lost:
+                    raise _Lost
+                arrived = self._arrived = self.connection._wakeup()
+                await arrived.wait()
+        except _Lost:
+            lost = self._lost_error()
             if self.accepted:
-                raise
+                raise lost from None
             # No ACK: the worker writes it before running anything, and a stream delivers
             # what was written before it closed, so the routine never started.
             raise CallNotDelivered(self.connection.address,
-                                   f"closed before accepting: {exc.reason}") from None
+                                   f"closed before accepting: {lost.reason}") from None
+        except anyio.get_cancelled_exc_class():
+            await self.abort()
+            raise
+        frame = frames.popleft()
         if frame.kind == Kind.NACK:
             self.finished = True
             if frame.payload == envelope.BUSY:

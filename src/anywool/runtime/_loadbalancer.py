@@ -84,3 +84,19 @@ class RoundRobinLoadBalancer:
                 last = exc
         reason = f"all {count} workers refused the call or were disconnected"
         raise NoWorkersAvailable(reason if last is None else f"{reason} (last: {last})")
+
+    def pick(self, workers: Sequence[tuple[WorkerMetadata, WorkerConnection]]
+             ) -> WorkerConnection | None:
+        """The connection :meth:`dispatch` would try first, chosen now, without sending
+        anything (``None``: every worker is busy or disconnected); the turn moves past it.
+        A proxy hands a call to it directly (a call it refuses goes through
+        :meth:`dispatch`)."""
+        count = len(workers)
+        start = self._next
+        for offset in range(count):
+            index = (start + offset) % count
+            connection = workers[index][1]
+            if not (connection.broken or connection.busy):
+                self._next = index + 1
+                return connection
+        return None

@@ -34,7 +34,13 @@ from anywool.errors import AuthenticationError, NoWorkersAvailable, WorkerError
 from anywool.metadata import WorkerMetadata
 from anywool.runtime import _auth
 from anywool.runtime import _serializer as serializer
-from anywool.runtime._connection import WorkerBusy, WorkerConnection, _Call, drive_stream
+from anywool.runtime._connection import (
+    CallNotDelivered,
+    WorkerBusy,
+    WorkerConnection,
+    _Call,
+    drive_stream,
+)
 from anywool.runtime._envelope import Origin
 from anywool.runtime._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
 from anywool.runtime._resolve import is_context_manager
@@ -219,6 +225,7 @@ class WorkerProxy(SingleUse):
             raise TypeError(f"lazy must be a bool, got {lazy!r}")
         self._discovery = subscriber
         self._balancer = loadbalancer
+        self._picks = type(loadbalancer) is RoundRobinLoadBalancer
         self._tags = None if tags is None else _validate.tag_set("tags", tags)
         self._lazy = lazy
         self._quorum = _validate.count("quorum", quorum, upper=1 << 20)
@@ -752,6 +759,16 @@ class WorkerProxy(SingleUse):
         Cancellation: cancels the routine on the worker, waits (bounded) for it to unwind.
         """
         with self._in_flight:
+            # The built-in balancer's choice, made here, saves every call the layers of the
+            # general path; a call nobody has room for, or that is refused, takes that path.
+            if self._picks and self._quorum_met and self._active and self._failure is None \
+                    and not (self._room_front or self._room_waiters):
+                connection = self._balancer.pick(self._ready_list)  # type: ignore[attr-defined]
+                if connection is not None:
+                    try:
+                        return await connection.call(fn, args, kwargs, plain=plain)
+                    except CallNotDelivered:
+                        pass
             return await self._deliver(lambda c: c.call(fn, args, kwargs, plain=plain))
 
     def stream(
