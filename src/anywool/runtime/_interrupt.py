@@ -251,8 +251,13 @@ class Interrupter:
         if self._stop_now or self._stopping() or call.cancel_arrived():
             call.cancel()  # what the loop would do, were it free: the routine could do the same
         # Cancelled (and not shielded where it runs), or past its deadline: what its next
-        # checkpoint would raise, were it to reach one.
-        if anyio.current_effective_deadline() <= anyio.current_time():
+        # checkpoint would raise, were it to reach one. (Outside any task, in a callback the
+        # routine scheduled, there is no such thing: nothing is raised.)
+        try:
+            due = anyio.current_effective_deadline() <= anyio.current_time()
+        except Exception:
+            return
+        if due:
             raise Interrupted
 
     def _in_routine(self, frame: FrameType | None) -> bool:
