@@ -86,9 +86,17 @@ class Budget:
 
     def __init__(self, seconds: float) -> None:
         self.left = seconds
+        self._scopes: set[anyio.CancelScope] = set()  # the steps spending it now
 
     def spend_since(self, start: float) -> None:
         self.left = max(0.0, self.left - (anyio.current_time() - start))
+
+    def exhaust(self) -> None:
+        """Spend what is left now: the steps spending it end (their deadline is now), and the
+        next ones get nothing."""
+        self.left = 0.0
+        for scope in self._scopes:
+            scope.deadline = -math.inf
 
     @contextmanager
     def scope(self, *, fail: bool = False) -> Iterator[anyio.CancelScope]:
@@ -96,9 +104,20 @@ class Budget:
         start = anyio.current_time()
         try:
             with (anyio.fail_after if fail else anyio.move_on_after)(self.left) as scope:
-                yield scope
+                self._scopes.add(scope)
+                try:
+                    yield scope
+                finally:
+                    self._scopes.discard(scope)
         finally:
             self.spend_since(start)
+
+    def track(self, scope: anyio.CancelScope) -> None:
+        """Count ``scope`` among the steps spending this budget until :meth:`untrack`."""
+        self._scopes.add(scope)
+
+    def untrack(self, scope: anyio.CancelScope) -> None:
+        self._scopes.discard(scope)
 
 
 class ExitWithin:
@@ -129,13 +148,16 @@ class ExitWithin:
     ) -> bool | None:
         start = anyio.current_time()
         self._scope.deadline = start + self._budget.left
+        self._budget.track(self._scope)
         try:
             suppress = await self._inner.__aexit__(exc_type, exc, tb)
         except BaseException as error:
+            self._budget.untrack(self._scope)
             self._budget.spend_since(start)
             if self._scope.__exit__(type(error), error, error.__traceback__):
                 return None  # our own deadline: the caller's exception (if any) goes on
             raise
+        self._budget.untrack(self._scope)
         self._budget.spend_since(start)
         self._scope.__exit__(None, None, None)
         return suppress

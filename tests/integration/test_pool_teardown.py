@@ -355,7 +355,12 @@ async def test_a_killed_process_groups_socket_directories_are_swept_by_the_next_
         child = await start(POOL_GROUP, namespace, new_group=True)
         try:
             pids = [int(p) for p in (await child.readline()).split()]
-            child.kill(group=True)  # the pool and its workers at once: nobody cleans up
+            # The pool and its workers at once (workers run in sessions of their own, out of
+            # the pool's process group): nobody cleans up.
+            child.kill(group=True)
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             await child.wait()
             await anyio.to_thread.run_sync(lambda: psutil.wait_procs(
                 [psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=20))

@@ -37,7 +37,7 @@ from anywool.errors import (
     SerializationError,
     WorkerError,
 )
-from anywool.runtime import _auth, _context, _socket, _wakeup
+from anywool.runtime import _auth, _context, _ctrl_c, _socket, _wakeup
 from anywool.runtime import _envelope as envelope
 from anywool.runtime import _serializer as serializer
 from anywool.runtime._envelope import CallRequest, Origin, Step
@@ -57,6 +57,8 @@ from anywool.runtime._wire import (
 log = logging.getLogger(__name__)
 
 _TERMINAL = frozenset({Kind.RETURN, Kind.END, Kind.EXCEPTION, Kind.NACK})
+# What says that a worker took a cancellation: it answered, or the call ended.
+_TAKEN = _TERMINAL | {Kind.CANCELLING}
 # Seconds a closing connection waits for the worker's end-of-stream, then for the close itself.
 _CLOSE_TIMEOUT = 1.0
 # How close (seconds) the caller's deadline must be for a routine the worker cancelled to count
@@ -439,7 +441,29 @@ class WorkerConnection(SingleUse):
         """Wait until the connection fails, or the worker (or this side) closes it."""
         await self._lost.wait()
 
+    def _withdraw(self, call: _Call) -> None:
+        """Keep following ``call``, given up before the worker started it, in a task of the
+        connection's own (see :meth:`_Call.watch_withdrawn`); its caller goes on."""
+        call.withdrawn = True
+        call.quiet_ack = False  # its watcher must see an ACK that comes after all
+        task_group = self._task_group
+        if task_group is None or self._failure is not None:
+            return
+        task_group.start_soon(call.watch_withdrawn, name=f"anywool-withdrawn-{call.id}")
+
+    def _bury(self, call: _Call) -> None:
+        call.withdrawn = False
+        self._forget(call.id)
+
+    def _frames_pending(self, kind: Kind, call_id: int) -> bool:
+        """Whether a frame of ``kind`` for ``call_id`` has arrived and is not routed yet."""
+        frames = self._frames
+        return frames is not None and frames.pending(kind, call_id)
+
     def _forget(self, call_id: int) -> None:
+        call = self._calls.get(call_id)
+        if call is not None and call.withdrawn:
+            return  # its watcher forgets it (see _bury)
         call = self._calls.pop(call_id, None)
         if call is not None:
             self._settle(call, ended=True)  # given up, if it had not ended
@@ -598,7 +622,7 @@ class _Call:
     """
 
     __slots__ = ("connection", "id", "name", "finished", "accepted", "quiet_ack", "waiting",
-                 "running", "sent_at", "_frames", "_arrived", "_lost")
+                 "running", "withdrawn", "sent_at", "_frames", "_arrived", "_lost")
 
     def __init__(self, connection: WorkerConnection, call_id: int, name: str, *,
                  quiet_ack: bool = False) -> None:
@@ -612,6 +636,7 @@ class _Call:
         # since this time.perf_counter().
         self.waiting = False
         self.running = False  # counted in the connection's outstanding calls
+        self.withdrawn = False  # given up unstarted, and followed (see watch_withdrawn)
         self.sent_at = 0.0
         self._frames: deque[Frame] = deque()
         self._arrived: Wakeup | None = None
@@ -744,11 +769,14 @@ class _Call:
     async def abort(self) -> None:
         """Cancel the routine on the worker and wait until it has unwound (shielded, bounded).
 
-        A call the worker has not started is withdrawn at once (the cancel frame follows it:
-        the worker skips it, or cancels it at its first checkpoint if it was starting just
-        then). A started one waits up to ``cancel_grace`` seconds for the worker to take the
-        cancellation, then up to ``cancel_timeout`` for the routine to unwind; a worker that
-        did not take it in time is reported (``on_unresponsive``) and the call given up.
+        A call the worker has not started is withdrawn at once: the cancel frame follows it,
+        and the worker, which looks for one before it starts a call, skips it. Should the
+        worker have started it just then (its ACK was on its way), the connection goes on
+        watching it: a worker that then does not take the cancellation within
+        ``cancel_grace`` is reported (``on_unresponsive``) as for a started call. A started
+        call waits up to ``cancel_grace`` seconds for the worker to take the cancellation, then
+        up to ``cancel_timeout`` for the routine to unwind; a worker that did not take it in
+        time is reported and the call given up.
         """
         if self.finished:
             return
@@ -758,12 +786,24 @@ class _Call:
             return  # the worker cancelled the routine when the connection went
         with anyio.CancelScope(shield=True):
             taken = False
+            # Started, as far as this side can tell: its ACK was routed, or has arrived.
+            started = self.accepted
+            hurried: list[bool] = []
+
+            def hurry() -> None:
+                hurried.append(True)
+                grace.cancel()
+
             try:
-                with anyio.move_on_after(connection._cancel_grace):
+                with anyio.move_on_after(connection._cancel_grace) as grace, \
+                        _ctrl_c.hurried(hurry):
                     try:
                         await self.send(Kind.CANCEL)
-                        if not self.accepted:
-                            return  # withdrawn: nothing of it ran, or it is cancelled as it starts
+                        started = started or self.accepted or connection._frames_pending(
+                            Kind.ACK, self.id)
+                        if not started:
+                            connection._withdraw(self)
+                            return
                         while True:
                             kind = (await self._wait_frame()).kind
                             if kind in _TERMINAL:
@@ -776,15 +816,17 @@ class _Call:
             except BaseException:
                 # A KeyboardInterrupt (under trio, a second Ctrl-C lands here): whoever sent it
                 # will not wait, so neither does the worker's fate.
-                if self.accepted and not taken:
+                if (started or self.accepted) and not taken:
                     connection._unresponsive(self, "the wait for it was interrupted")
                 raise
             if not taken:
-                if self.accepted:
+                if started or self.accepted:
                     connection._unresponsive(
-                        self, f"it did not take it within {connection._cancel_grace} s")
+                        self, "a Ctrl-C cut the wait for it short" if hurried else
+                        f"it did not take it within {connection._cancel_grace} s")
                 return
-            with anyio.move_on_after(connection._cancel_timeout):
+            with anyio.move_on_after(connection._cancel_timeout) as unwinding, \
+                    _ctrl_c.hurried(unwinding.cancel):
                 try:
                     while (await self._wait_frame()).kind not in _TERMINAL:
                         pass
@@ -798,6 +840,30 @@ class _Call:
                 await self.abort()
         finally:
             self.connection._forget(self.id)
+
+    async def watch_withdrawn(self) -> None:
+        """Follow a call withdrawn before the worker started it (see :meth:`abort`) until the
+        worker says what became of it: skipped, or, should it have started it after all, taken
+        the cancellation (or not within ``cancel_grace``: reported as unresponsive)."""
+        connection = self.connection
+        try:
+            while True:
+                frame = await self._wait_frame()
+                if frame.kind in _TERMINAL:
+                    return
+                if frame.kind == Kind.ACK:
+                    with anyio.move_on_after(connection._cancel_grace):
+                        while (await self._wait_frame()).kind not in _TAKEN:
+                            pass
+                        return
+                    connection._unresponsive(
+                        self, f"it started the call as it was withdrawn, and did not take its "
+                              f"cancellation within {connection._cancel_grace} s")
+                    return
+        except _Lost:
+            pass  # the worker and its calls went with the connection
+        finally:
+            connection._bury(self)
 
     async def step(self, kind: Kind, value: bytes = b"") -> tuple[bool, Any]:
         """Drive a streaming call by one step, carrying the caller's deadline and context

@@ -209,9 +209,13 @@ class LocalWorker(SingleUse):
         if self._max_concurrency is not None:
             command += ["--max-concurrency", str(self._max_concurrency)]
         try:
+            # A session of its own: a terminal's Ctrl-C (SIGINT to the whole foreground process
+            # group) reaches the caller only, which cancels its calls and stops its workers;
+            # reaching the workers too, it would make each drain and exit by itself, racing the
+            # pool's own exit (which would see them exit and start replacements).
             process = await anyio.open_process(
-                command, stdin=-1, stdout=-1, stderr=None, cwd=os.getcwd(), env=env
-            )
+                command, stdin=-1, stdout=-1, stderr=None, cwd=os.getcwd(), env=env,
+                start_new_session=True)
         except OSError as exc:
             raise WorkerError("unstarted", f"could not start {command}: {exc}") from exc
         self._process = process

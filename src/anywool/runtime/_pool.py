@@ -36,6 +36,7 @@ from anywool import _validate
 from anywool._owner import SingleUse, exit_task_group
 from anywool._teardown import Budget, ExitWithin
 from anywool.discovery import DiscoveryLike, DiscoveryPublisherLike, DiscoverySubscriberLike
+from anywool.runtime import _ctrl_c
 from anywool.runtime._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
 from anywool.runtime._auth import MutualTLS
 from anywool.runtime._local_worker import LocalWorker, current_backend, tcp_endpoint
@@ -477,6 +478,16 @@ class WorkerPool(SingleUse):
             with anyio.move_on_after(_RESTART_BACKOFF * 2 ** (start_failures - 1)):
                 await self._stopping.wait()
 
+    def _hurry(self) -> None:
+        """A Ctrl-C during the exit: spend no more time waiting; end the workers now (their
+        calls in flight fail), and let the exit's forceful steps reap them."""
+        log.warning("exiting %r in a hurry (Ctrl-C): ending its workers now", self)
+        self._announce_budget.exhaust()
+        self._shutdown_budget.exhaust()
+        for worker in self._workers:
+            self._ended.add(worker.metadata.uid)
+            worker.kill()
+
     def _end_stuck(self, uid: UUID) -> None:
         """End a spawned worker that did not take a cancellation in time (its supervisor then
         replaces it, as it does any worker that dies)."""
@@ -563,7 +574,8 @@ class WorkerPool(SingleUse):
         if stack is None:
             return
         try:
-            await stack.__aexit__(exc_type, exc, tb)
+            with _ctrl_c.hurried(self._hurry):
+                await stack.__aexit__(exc_type, exc, tb)
         except Exception:
             # A failure of the pool's own machinery is raised, also over a cancellation (which
             # it may have caused by cancelling its task groups); over the block's own

@@ -596,12 +596,6 @@ class WorkerProxy(SingleUse):
         waited = f"(waited {self._quorum_timeout:g} s)"
         if self._given_up is not None:
             return f"{self._given_up} {waited}"
-        if self._admitted:
-            return (f"{len(self._admitted)} admitted worker(s) did not connect "
-                    f"{waited}{_reasons(self._rejected)}")
-        if self._excluded:
-            return (f"{len(self._excluded)} worker(s) are published there, but none carries "
-                    f"every tag of {sorted(self._tags or ())} {waited}")
         owned = None
         ask = getattr(self._source, "_owned", None)
         if callable(ask):
@@ -611,10 +605,17 @@ class WorkerProxy(SingleUse):
                 answer = await anyio.to_thread.run_sync(ask)
                 self._owned_at = (now, answer if isinstance(answer, bool) else None)
             owned = self._owned_at[1]
+        # Asked first: its subscription may not have dropped the workers of a dead owner yet.
         if owned is False:
             gone = "its workers went with it" if self._ever_admitted else "none were published"
             return f"the namespace has no live owner any more: it exited or died, and {gone} " \
                    f"{waited}"
+        if self._admitted:
+            return (f"{len(self._admitted)} admitted worker(s) did not connect "
+                    f"{waited}{_reasons(self._rejected)}")
+        if self._excluded:
+            return (f"{len(self._excluded)} worker(s) are published there, but none carries "
+                    f"every tag of {sorted(self._tags or ())} {waited}")
         if self._ever_admitted:
             return f"every worker published there was withdrawn {waited}"
         if self._spawns:

@@ -388,6 +388,12 @@ class Server:
             except Exception as exc:
                 await self._reply_exception(frames, call, exc)
                 return
+            if call.cancelled or call.cancel_arrived():
+                # Its caller gave it up before it started (while it loaded, say): it must not
+                # start now. Its caller withdrew it and waits for nothing; the reply is for
+                # the record.
+                call.cancel()
+                await anyio.lowlevel.checkpoint()
             await frames.send(Frame(Kind.ACK, call.id, envelope.encode_ack(
                 time.perf_counter() - call.read_at)))
             # Set in this call's own task: the routine (and tasks it starts) see them, nothing
