@@ -59,6 +59,10 @@ REPLY_TIMEOUT = 1.0
 STOP_TAIL = 2.0
 # Of the tail, what is kept for the connections shut down after the linger to end.
 _SHUTDOWN_RESERVE = 0.25
+# Seconds a call may take from its frame being read to its start before the worker looks in
+# the socket for its cancel frame (a call loading that long held the loop, so a cancel frame
+# may be waiting unread; one that starts sooner would have had it routed).
+_LOOK_AFTER = 0.001
 
 
 class _Stop:
@@ -388,14 +392,15 @@ class Server:
             except Exception as exc:
                 await self._reply_exception(frames, call, exc)
                 return
-            if call.cancelled or call.cancel_arrived():
+            waited = time.perf_counter() - call.read_at
+            if call.cancelled or (waited > _LOOK_AFTER and call.cancel_arrived()):
                 # Its caller gave it up before it started (while it loaded, say): it must not
                 # start now. Its caller withdrew it and waits for nothing; the reply is for
-                # the record.
+                # the record. (A cancel frame that came sooner was routed already: the loop
+                # was free to.)
                 call.cancel()
                 await anyio.lowlevel.checkpoint()
-            await frames.send(Frame(Kind.ACK, call.id, envelope.encode_ack(
-                time.perf_counter() - call.read_at)))
+            await frames.send(Frame(Kind.ACK, call.id, envelope.encode_ack(waited)))
             # Set in this call's own task: the routine (and tasks it starts) see them, nothing
             # else does. From here on, what runs is the routine's (loading its arguments is
             # not: an interruption there would cut an import halfway).
