@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import errno
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -33,8 +33,14 @@ from anywool._address import Address
 if TYPE_CHECKING:  # asyncio is imported under asyncio only: a trio worker never needs it
     import asyncio
 
-#: The most bytes one receive asks the socket for.
+#: What a send takes: bytes-like objects.
+Buffer = bytes | bytearray | memoryview
+
+#: The most bytes one receive asks the socket for (into a new ``bytes``; a large frame's body is
+#: received in place instead, see :meth:`SocketStream.try_receive_into`).
 RECEIVE_SIZE = 65536
+#: The most buffers one vectored send passes (Linux's ``IOV_MAX`` is 1024).
+_IOV_MAX = 512
 
 
 class SocketStream(ByteStream):
@@ -85,6 +91,38 @@ class SocketStream(ByteStream):
             return self._sock.send(data)
         except BlockingIOError:
             return 0
+        except OSError as exc:
+            raise self._broken(exc) from exc
+
+    def try_send_many(self, buffers: Sequence[Buffer]) -> int:
+        """Write what the socket takes now of ``buffers`` (in order, as if joined, without
+        joining them: one ``sendmsg``); the number of bytes written (0: it would block).
+
+        :raises anyio.ClosedResourceError: the stream was closed here.
+        :raises anyio.BrokenResourceError: the peer is gone.
+        """
+        if self._closed:
+            raise anyio.ClosedResourceError
+        try:
+            return self._sock.sendmsg(buffers[:_IOV_MAX] if len(buffers) > _IOV_MAX else buffers)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise self._broken(exc) from exc
+
+    def try_receive_into(self, buffer: memoryview) -> int | None:
+        """Read what the socket holds now into ``buffer``, up to its size: the number of bytes
+        read (``None``: nothing yet; 0: the peer ended its side).
+
+        :raises anyio.ClosedResourceError: the stream was closed here.
+        :raises anyio.BrokenResourceError: the connection failed.
+        """
+        if self._closed:
+            raise anyio.ClosedResourceError
+        try:
+            return self._sock.recv_into(buffer)
+        except BlockingIOError:
+            return None
         except OSError as exc:
             raise self._broken(exc) from exc
 
@@ -164,6 +202,22 @@ class SocketStream(ByteStream):
             written = self.try_send(view)
             if written:
                 view = view[written:]
+            else:
+                await self.wait_writable()
+
+    async def send_many(self, buffers: Sequence[Buffer]) -> None:
+        """Write ``buffers`` in order, as :meth:`send` would write them joined, with vectored
+        sends (no copy of them is made here).
+
+        :raises anyio.ClosedResourceError: the stream was closed here.
+        :raises anyio.BrokenResourceError: the peer is gone.
+        """
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        pending = [memoryview(buffer).cast("B") for buffer in buffers]
+        while pending:
+            written = self.try_send_many(pending)
+            if written:
+                pending = advance(pending, written)
             else:
                 await self.wait_writable()
 
@@ -260,6 +314,16 @@ class _AsyncioReadable:
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+
+def advance(buffers: list[memoryview], written: int) -> list[memoryview]:
+    """What is left of ``buffers`` (flat byte views) once their first ``written`` bytes went."""
+    for index, buffer in enumerate(buffers):
+        size = buffer.nbytes
+        if written < size:
+            return [buffer[written:], *buffers[index + 1:]]
+        written -= size
+    return []
 
 
 def _address(name: Any) -> Any:
