@@ -41,6 +41,7 @@ from anywool.runtime import _auth, _context, _socket
 from anywool.runtime import _envelope as envelope
 from anywool.runtime import _serializer as serializer
 from anywool.runtime._envelope import CallRequest, Origin, Step
+from anywool.runtime._serializer import Pickled
 from anywool.runtime._peer import PEER_GONE
 from anywool.runtime._routine import running_task
 from anywool.runtime._wire import (
@@ -49,6 +50,7 @@ from anywool.runtime._wire import (
     FrameError,
     FrameStream,
     Kind,
+    Parts,
     payload_limit,
     shut_down,
 )
@@ -482,9 +484,9 @@ class WorkerConnection(SingleUse):
         payload = envelope.encode_call(request, origin_known=known)
         # Judged as if the origin travelled whole: what fits must not depend on which
         # connection the balancer picks, nor on whether it delivered the origin already.
-        limit, size = payload_limit(self._max_frame_size), len(payload)
+        limit, size = payload_limit(self._max_frame_size), payload.nbytes
         if known and origin is not None and size + len(origin[1]) + 5 > limit:
-            size = len(envelope.encode_call(request))  # near the limit only: exact
+            size = envelope.encode_call(request).nbytes  # near the limit only: exact
         if size > limit:
             raise PayloadTooLarge(f"the call to {name}", size, limit)
         if self._failure is not None or self._frames is None:
@@ -502,7 +504,7 @@ class WorkerConnection(SingleUse):
                 log.exception("on_sent callback of %s failed", self.address)
         try:
             try:
-                await self._frames.send(Frame(Kind.CALL, call_id, payload))
+                await self._frames.send_parts(Kind.CALL, call_id, payload)
             except PEER_GONE as exc:
                 self._fail(f"connection failed: {exc!r}")
                 raise CallNotDelivered(self.address, f"could not send the call: {exc!r}") from exc
@@ -669,7 +671,7 @@ class _Call:
         """Take an END frame: set the context variables it carries."""
         self._update(envelope.decode_end(frame.payload))
 
-    def _update(self, changes: bytes | None) -> None:
+    def _update(self, changes: Pickled | None) -> None:
         if changes is not None:
             _context.update(serializer.loads_value(
                 changes, self.name, "the values of the context variables it set",
@@ -682,16 +684,19 @@ class _Call:
                 self._update(changes)
             except (FrameError, SerializationError) as exc:
                 return exc
-            return serializer.loads_exception(data)
+            return serializer.loads_exception(data.stream())
         if frame.kind == Kind.NACK:
             return CallNotDelivered(self.connection.address, "the worker refused the call")
         return WorkerError(self.connection.address, f"unexpected {frame.kind.name} frame")
 
-    async def send(self, kind: Kind, payload: bytes = b"") -> None:
+    async def send(self, kind: Kind, payload: Parts | None = None) -> None:
         frames = self.connection._frames
         assert frames is not None
         try:
-            await frames.send(Frame(kind, self.id, payload))
+            if payload is None:
+                await frames.send(Frame(kind, self.id))
+            else:
+                await frames.send_parts(kind, self.id, payload)
         except PEER_GONE as exc:
             self.finished = True
             reason = f"connection failed: {exc!r}"
@@ -756,7 +761,7 @@ class _Call:
         finally:
             self.connection._forget(self.id)
 
-    async def step(self, kind: Kind, value: bytes = b"") -> tuple[bool, Any]:
+    async def step(self, kind: Kind, value: Pickled = envelope.NOTHING) -> tuple[bool, Any]:
         """Drive a streaming call by one step, carrying the caller's deadline and context
         variables; what the step changed in them is set in the caller's context.
 
@@ -769,9 +774,9 @@ class _Call:
         """
         payload = envelope.encode_step(Step(value, _seconds_left(), _dump_context(self.name)))
         limit = payload_limit(self.connection._max_frame_size)
-        if len(payload) > limit:
+        if payload.nbytes > limit:
             raise PayloadTooLarge(f"a step of {self.name} (the value sent, or the context "
-                                  "variables)", len(payload), limit)
+                                  "variables)", payload.nbytes, limit)
         try:
             await self.send(kind, payload)
         except WorkerError:
@@ -833,7 +838,7 @@ async def drive_stream(
                             call.finished = True
                 raise
             except BaseException as exc:  # athrow(): forward it into the remote generator
-                kind, payload = Kind.ATHROW, serializer.dumps_exception(exc)
+                kind, payload = Kind.ATHROW, Pickled([serializer.dumps_exception(exc)])
             else:
                 kind, payload = Kind.ASEND, (
                     _NONE if sent is None
@@ -842,7 +847,7 @@ async def drive_stream(
         await call.release()
 
 
-_NONE = serializer.dumps(None)
+_NONE = serializer.dump(None)
 
 
 class _Lost(Exception):
@@ -868,7 +873,7 @@ async def _own_deadline() -> None:
         await anyio.lowlevel.checkpoint()
 
 
-def _dump_context(routine: str) -> bytes | None:
+def _dump_context(routine: str) -> Pickled | None:
     values = _context.capture()
     return None if values is None else serializer.dumps_context(values, routine)
 
