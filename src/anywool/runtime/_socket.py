@@ -39,6 +39,8 @@ Buffer = bytes | bytearray | memoryview
 #: The most bytes one receive asks the socket for (into a new ``bytes``; a large frame's body is
 #: received in place instead, see :meth:`SocketStream.try_receive_into`).
 RECEIVE_SIZE = 65536
+#: The send and receive buffer sizes (bytes) asked for on a Unix socket (see _grow_buffers).
+SOCKET_BUFFER = 1 << 20
 #: The most buffers one vectored send passes (Linux's ``IOV_MAX`` is 1024).
 _IOV_MAX = 512
 
@@ -57,6 +59,8 @@ class SocketStream(ByteStream):
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             # Frames are written whole, one send each: Nagle would only hold small ones back.
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if sock.family == socket.AF_UNIX:
+            _grow_buffers(sock)
         self._sock = sock
         self._closed = False
         # Under asyncio, how this stream waits to read (see _AsyncioReadable); None: anyio's
@@ -314,6 +318,24 @@ class _AsyncioReadable:
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+
+def _grow_buffers(sock: socket.socket) -> None:
+    """Ask for :data:`SOCKET_BUFFER` bytes of send and receive buffer (the kernel caps it at
+    ``net.core.wmem_max``/``rmem_max``; a refusal is ignored).
+
+    Unix sockets only: on TCP, setting them turns off Linux's autotuning, which may grow them
+    further. Measured (issue 20, 16 MiB echoes): with the default 208 KiB, a frame took
+    about 80 waits for the socket each way and the round trip 41-84 ms; with 1 MiB, 32-38 ms
+    (4 MiB: 25-52 ms, the copies no longer in cache). Memory is taken only as data waits in
+    the socket.
+    """
+    for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            if sock.getsockopt(socket.SOL_SOCKET, option) < SOCKET_BUFFER:
+                sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+        except OSError:
+            pass
 
 
 def advance(buffers: list[memoryview], written: int) -> list[memoryview]:
