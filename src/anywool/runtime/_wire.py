@@ -150,11 +150,10 @@ _IN_PLACE_ABOVE = RECEIVE_SIZE
 # copy costs less than building the vectored send's buffer list); larger ones go as a
 # vectored send of their parts.
 _JOIN_AT_MOST = 16 * 1024
-# The most bytes of the socket that FrameStream.pending looks at past what the frame being
-# received in place still lacks; and the most of that it skips (a socket holds no more: its
-# buffers are smaller).
+# The bytes of the socket that FrameStream.pending looks at past the frames it skips, and the
+# most it looks at in all (a socket holds less: its buffers are smaller).
 _PEEK_SIZE = 1 << 18
-_PEEK_SKIP_MAX = 1 << 24
+_PEEK_MAX = 1 << 24
 # The largest body received in place that is kept to receive the next one into.
 _SPARE_AT_MOST = 32 << 20
 
@@ -573,27 +572,37 @@ class FrameStream:
         and it changes nothing, so a signal handler may ask while the receiver is suspended.
 
         ``False`` when it cannot say: over TLS, while a read is being added to the buffer (or
-        to the body being received in place), or beyond the first :data:`_PEEK_SIZE` bytes
-        the socket holds past the rest of a body being received in place (itself looked past
-        up to :data:`_PEEK_SKIP_MAX` bytes).
+        to the body being received in place), or when the frame lies beyond the first
+        :data:`_PEEK_MAX` bytes the socket holds. It looks at :data:`_PEEK_SIZE` bytes of the
+        socket past the frames it skips: the rest of a body being received in place, and
+        every frame ahead, however large (so a frame of several MiB that the socket holds
+        whole does not hide the frames behind it).
         """
         raw = self._raw_receive
         if raw is None or self._reading:
             return False
-        if self._body is not None:
+        body = self._body
+        if body is not None:
             # The socket holds the rest of that body first, then the frames after it.
-            buffer, held = bytearray(), 0
-            offset = len(self._body) - self._got
-            if offset > _PEEK_SKIP_MAX:
-                return False
+            buffer, held, offset = bytearray(), 0, len(body) - self._got
         else:
             buffer, offset = self._buffer, 0
             held = len(buffer)
-        ahead = raw.peek(offset + _PEEK_SIZE)
+        window = max(offset - held, 0) + _PEEK_SIZE
+        if window > _PEEK_MAX:
+            return False
+        ahead = raw.peek(window)
         while True:
             header = _header_at(buffer, held, ahead, offset)
             if header is None:
-                return False
+                if len(ahead) < window:
+                    return False  # the socket holds no more: that frame has not arrived
+                # The peek ended first: look further, within bounds.
+                window = offset - held + _PEEK_SIZE
+                if window > _PEEK_MAX:
+                    return False
+                ahead = raw.peek(window)
+                continue
             length, found_kind, found_id = header
             if found_kind == kind and found_id == call_id:
                 return True
