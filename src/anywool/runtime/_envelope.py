@@ -74,71 +74,82 @@ ORIGINS_KEPT = 16
 
 
 _HEADER_LENGTH = struct.Struct(">I")
+# Payloads up to this size, when bytes, are sliced rather than viewed (cheaper when small).
+_SLICE_AT_MOST = 4096
+# One packer for every header: msgpack's packb makes one per call. (Packing plain values runs
+# no Python code, so it is never entered twice at once.)
+_packb = msgpack.Packer(use_bin_type=True).pack
 
 
 def _assemble(fields: list[Any], pickles: tuple[Pickled | None, ...]) -> Parts:
     """The payload of a header whose last fields are ``pickles`` (as their sections' sizes),
     followed by their sections."""
-    sizes = [None if pickled is None else pickled.sizes() for pickled in pickles]
-    header = cast(bytes, msgpack.packb([*fields, *sizes], use_bin_type=True))
-    pieces: list[Buffer] = [_HEADER_LENGTH.pack(len(header)) + header]
-    nbytes = len(pieces[0])
-    for pickled, each in zip(pickles, sizes):
-        if pickled is not None and each is not None:
-            pieces += pickled.chunks
+    pieces: list[Buffer] = [b""]
+    nbytes = 0
+    for pickled in pickles:
+        if pickled is None:
+            fields.append(None)
+            continue
+        sizes = pickled.sizes()
+        fields.append(sizes)
+        nbytes += sum(sizes)
+        pieces += pickled.chunks
+        if pickled.buffers:
             pieces += pickled.buffers
-            nbytes += sum(each)
-    return Parts(pieces, nbytes)
+    header = _packb(fields)
+    pieces[0] = head = _HEADER_LENGTH.pack(len(header)) + header
+    return Parts(pieces, nbytes + len(head))
 
 
-def _disassemble(payload: Buffer, length: int, pickled: int, what: str
-                 ) -> tuple[list[Any], list[Pickled | None]]:
-    """The header's first ``length - pickled`` fields, and its last ``pickled`` fields as the
-    pickles whose sections follow it (views of ``payload``).
+def _disassemble(payload: Buffer, length: int, pickled: int, what: str) -> list[Any]:
+    """The header's ``length`` fields, the last ``pickled`` of them (lists of section sizes, or
+    ``nil``) replaced by the pickles whose sections follow the header: views of ``payload``, or
+    slices of it when it is a small ``bytes``.
 
     :raises FrameError: the payload is not such a header and sections.
     """
-    view = memoryview(payload)
-    total = view.nbytes
+    total = len(payload)  # bytes, a bytearray or a flat memoryview: its size in bytes
     if total < _HEADER_LENGTH.size:
         raise FrameError(f"a {what} of {total} bytes has no header")
-    (size,) = _HEADER_LENGTH.unpack_from(view)
+    (size,) = _HEADER_LENGTH.unpack_from(payload)
     start = _HEADER_LENGTH.size + size
     if start > total:
         raise FrameError(f"a {what}'s header of {size} bytes overruns its {total} bytes")
-    fields = _unpack(view[_HEADER_LENGTH.size:start], length, what)
-    pickles: list[Pickled | None] = []
+    # A slice of a small bytes costs less than a view; anything else is viewed, not copied.
+    view = payload if type(payload) is bytes and total <= _SLICE_AT_MOST else memoryview(payload)
+    try:
+        # Its own limits are the header's size (msgpack's default for unpackb); a map or an
+        # ext where a field is expected fails that field's check below.
+        fields = msgpack.unpackb(view[_HEADER_LENGTH.size:start])
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise FrameError(f"undecodable {what} ({exc})") from None
+    if type(fields) is not list or len(fields) != length:
+        raise FrameError(f"a {what} must be an array of {length} fields")
     offset = start
-    for sizes in fields[length - pickled:]:
+    for index in range(length - pickled, length):
+        sizes = fields[index]
         if sizes is None:
-            pickles.append(None)
             continue
-        if not isinstance(sizes, list) or not sizes or not all(
-                type(each) is int and each >= 0 for each in sizes):
+        if type(sizes) is not list or not sizes:
             raise FrameError(f"a {what}'s pickle must be given as a list of section sizes")
+        if len(sizes) == 1:  # no out-of-band buffers: most pickles
+            each = sizes[0]
+            if type(each) is not int or each < 0:
+                raise FrameError(f"a {what}'s section sizes must be ints >= 0")
+            end = offset + each
+            fields[index] = Pickled((view[offset:end],))
+            offset = end
+            continue
         sections = []
         for each in sizes:
+            if type(each) is not int or each < 0:
+                raise FrameError(f"a {what}'s section sizes must be ints >= 0")
             sections.append(view[offset:offset + each])
             offset += each
-        if offset > total:
-            break
-        pickles.append(Pickled(sections[:1], sections[1:]))
+        fields[index] = Pickled(sections[:1], sections[1:])
     if offset != total:
         raise FrameError(f"a {what}'s sections take {offset - start} bytes, not the "
                          f"{total - start} that follow its header")
-    return fields[:length - pickled], pickles
-
-
-def _unpack(payload: Buffer, length: int, what: str) -> list[Any]:
-    size = memoryview(payload).nbytes
-    try:
-        fields = msgpack.unpackb(
-            payload, raw=False, max_bin_len=size, max_str_len=size,
-            max_array_len=max(length, size), max_map_len=0, max_ext_len=0)
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise FrameError(f"undecodable {what} ({exc})") from None
-    if not isinstance(fields, list) or len(fields) != length:
-        raise FrameError(f"a {what} must be an array of {length} fields")
     return fields
 
 
@@ -205,8 +216,7 @@ def decode_call(payload: Buffer, origins: Origins | None = None) -> CallRequest:
     :raises FrameError: the payload is not a call's header, or refers to an origin by a key
         ``origins`` does not hold.
     """
-    (name, timeout, caller, key, blob, plain), (call, context) = _disassemble(
-        payload, 8, 2, "call")
+    name, timeout, caller, key, blob, plain, call, context = _disassemble(payload, 8, 2, "call")
     if call is None:
         raise FrameError("a call must carry its routine and arguments")
     if not isinstance(name, str):
@@ -252,7 +262,7 @@ def encode_step(step: Step) -> Parts:
 
 def decode_step(payload: Buffer) -> Step:
     """:raises FrameError: the payload is not a step."""
-    (timeout,), (value, context) = _disassemble(payload, 3, 2, "step")
+    timeout, value, context = _disassemble(payload, 3, 2, "step")
     if value is None:
         raise FrameError("a step must carry its value")
     return Step(value, _timeout(timeout), context)
@@ -265,7 +275,7 @@ def encode_reply(value: Pickled, changes: Pickled | None = None) -> Parts:
 
 def decode_reply(payload: Buffer) -> tuple[Pickled, Pickled | None]:
     """:raises FrameError: the payload is not a reply."""
-    _, (value, changes) = _disassemble(payload, 2, 2, "reply")
+    value, changes = _disassemble(payload, 2, 2, "reply")
     if value is None:
         raise FrameError("a reply must carry its value")
     return value, changes
@@ -280,7 +290,7 @@ def decode_end(payload: Buffer) -> Pickled | None:
     """:raises FrameError: the payload is not an end."""
     if not len(payload):
         return None
-    _, (changes,) = _disassemble(payload, 1, 1, "end")
+    [changes] = _disassemble(payload, 1, 1, "end")
     return changes
 
 

@@ -80,7 +80,14 @@ class Pickled:
 
     def sizes(self) -> list[int]:
         """The stream's size then each buffer's, in bytes: what a frame says of them."""
-        return [sum(map(_nbytes, self.chunks)), *map(_nbytes, self.buffers)]
+        chunks = self.chunks
+        if len(chunks) == 1 and type(chunks[0]) is bytes:  # most values: one small pickle
+            size = len(chunks[0])
+        else:
+            size = sum(map(_nbytes, chunks))
+        if not self.buffers:
+            return [size]
+        return [size, *map(_nbytes, self.buffers)]
 
     def stream(self) -> Buffer:
         """The pickle stream as one buffer (joined, when it is in several chunks)."""
@@ -169,32 +176,10 @@ def _by_reference(chunks: list[Buffer], index: int) -> bool:
 def _refers_to_main(chunks: list[Buffer]) -> bool:
     """Whether the pickle names ``__main__`` outside the payloads passed by reference (which
     hold values, never a module's name)."""
-    return any(b"__main__" in chunk for index, chunk in enumerate(chunks)
-               if not _by_reference(chunks, index))
-
-
-def _dump_standard(obj: object, out_of_band: bool) -> Pickled | None:
-    """``obj`` pickled by the standard pickler, or ``None`` when that is for cloudpickle (it
-    failed, or the pickle refers to ``__main__``)."""
-    try:
-        pickler, sink = _free.pop()
-    except IndexError:
-        sink = _Sink()
-        pickler = _Pickler(sink, _PROTOCOL, buffer_callback=sink.buffer)
-    sink.out_of_band = out_of_band
-    try:
-        pickler.dump(obj)
-    except Exception:
-        return None  # this pickler is dropped: it may be in any state
-    finally:
-        chunks, buffers = sink.chunks, sink.buffers
-        sink.chunks, sink.buffers = [], []
-    pickler.clear_memo()
-    if len(_free) < _FREE_MAX:
-        _free.append((pickler, sink))
-    if _refers_to_main(chunks):
-        return None
-    return Pickled(chunks, buffers)
+    for index, chunk in enumerate(chunks):
+        if not _by_reference(chunks, index) and b"__main__" in chunk:
+            return True
+    return False
 
 
 def dump(obj: object, *, out_of_band: bool = True) -> Pickled:
@@ -213,9 +198,31 @@ def dump(obj: object, *, out_of_band: bool = True) -> Pickled:
         them) when ``obj`` or something it references cannot be pickled.
     """
     if not cloudpickle.list_registry_pickle_by_value():
-        pickled = _dump_standard(obj, out_of_band)
-        if pickled is not None:
-            return pickled
+        try:
+            pickler, sink = _free.pop()
+        except IndexError:
+            sink = _Sink()
+            pickler = _Pickler(sink, _PROTOCOL, buffer_callback=sink.buffer)
+        sink.out_of_band = out_of_band
+        try:
+            pickler.dump(obj)
+        except Exception:
+            pass  # this pickler and its sink are dropped: they may be in any state
+        else:
+            chunks, buffers = sink.chunks, sink.buffers
+            sink.chunks = []
+            if buffers:
+                sink.buffers = []
+            else:
+                buffers = ()  # the sink's own (empty) list stays with it
+            pickler.clear_memo()
+            if len(_free) < _FREE_MAX:
+                _free.append((pickler, sink))
+            if len(chunks) == 1:  # a small pickle: the whole of it is the pickler's
+                if b"__main__" not in chunks[0]:
+                    return Pickled(chunks, buffers)
+            elif not _refers_to_main(chunks):
+                return Pickled(chunks, buffers)
     sink = _Sink()
     sink.out_of_band = out_of_band
     cloudpickle.Pickler(sink, protocol=_PROTOCOL, buffer_callback=sink.buffer).dump(obj)
