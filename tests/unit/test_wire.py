@@ -301,3 +301,20 @@ async def test_a_sender_cancelled_in_a_large_frame_still_writes_it_whole() -> No
     first, second = received
     assert (first.call_id, bytes(first.payload) == big) == (1, True)
     assert second == Frame(Kind.CALL, 2, b"after")
+
+
+async def test_a_stream_ending_inside_a_body_received_in_place_is_an_error() -> None:
+    data = encode(Frame(Kind.RESULT, 7, b"z" * 200_000))
+    reader = FrameStream(_Sink(), _Bytes(data[:100_000], data[100_000:-10]))
+    with anyio.fail_after(5), pytest.raises(FrameError, match="inside a frame body"):
+        await reader.receive()
+
+
+async def test_a_stream_giving_more_than_a_body_lacks_keeps_the_rest_for_the_next_frames(
+        ) -> None:
+    # _Bytes ignores how much is asked for, as a careless stream might.
+    first, second = Frame(Kind.RESULT, 1, b"a" * 200_000), Frame(Kind.RESULT, 2, b"b" * 10)
+    data = encode(first) + encode(second)
+    reader = FrameStream(_Sink(), _Bytes(data[:100_000], data[100_000:]))
+    with anyio.fail_after(5):
+        assert [await reader.receive(), await reader.receive()] == [first, second]

@@ -637,6 +637,10 @@ class FrameStream:
         elif body is None:
             self._buffer += data
         else:  # what the stream returns is a new bytes anyway (TLS decrypts into it)
+            room = len(body) - self._got
+            if len(data) > room:  # more than asked for: the rest is the next frames'
+                self._buffer += memoryview(data)[room:]
+                data = memoryview(data)[:room]
             self._body_view[self._got:self._got + len(data)] = data
             self._got += len(data)
 
