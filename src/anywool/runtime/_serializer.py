@@ -121,19 +121,18 @@ class _Pickler(pickle.Pickler):
 
 class _Sink:
     """What a pickler writes to: keeps every piece as it comes (large payloads are the
-    pickled objects themselves), and out-of-band buffers when ``out_of_band``."""
+    pickled objects themselves, an in-band PickleBuffer included: see :func:`_flat`), and
+    out-of-band buffers when ``out_of_band``."""
 
-    __slots__ = ("chunks", "buffers", "out_of_band")
+    __slots__ = ("chunks", "write", "buffers", "out_of_band")
 
     def __init__(self) -> None:
-        self.chunks: list[Buffer] = []
+        self.chunks: list[Any] = []
+        # What the pickler calls with each piece (it looks it up once): the list's own append,
+        # which runs no Python code.
+        self.write = self.chunks.append
         self.buffers: list[Buffer] = []
         self.out_of_band = True
-
-    def write(self, chunk: Any) -> None:
-        if type(chunk) is pickle.PickleBuffer:
-            chunk = chunk.raw()
-        self.chunks.append(chunk)
 
     def buffer(self, buffer: pickle.PickleBuffer) -> bool:
         """The buffer callback: ``False`` takes ``buffer`` out of band (``True``: in band)."""
@@ -148,10 +147,15 @@ class _Sink:
 
 
 # Picklers ready for use, each with its sink: a pickler is made once and reused (clearing its
-# memo), which costs less than pickle.dumps for a small value. One is taken per dump, so a
+# memo), as making one costs more than pickling a small value. One is taken per dump, so a
 # reducer that pickles something itself, or another thread, gets another.
 _free: list[tuple[_Pickler, _Sink]] = []
 _FREE_MAX = 4
+
+
+def _flat(chunks: list[Any]) -> list[Buffer]:
+    """``chunks`` with each PickleBuffer (written in band by reference) as its flat view."""
+    return [chunk.raw() if type(chunk) is pickle.PickleBuffer else chunk for chunk in chunks]
 
 
 def _by_reference(chunks: list[Buffer], index: int) -> bool:
@@ -209,8 +213,9 @@ def dump(obj: object, *, out_of_band: bool = True) -> Pickled:
         except Exception:
             pass  # this pickler and its sink are dropped: they may be in any state
         else:
-            chunks, buffers = sink.chunks, sink.buffers
-            sink.chunks = []
+            written, buffers = sink.chunks, sink.buffers
+            chunks = written.copy()  # the pickler keeps appending to written: it is the sink's
+            written.clear()
             if buffers:
                 sink.buffers = []
             else:
@@ -218,15 +223,17 @@ def dump(obj: object, *, out_of_band: bool = True) -> Pickled:
             pickler.clear_memo()
             if len(_free) < _FREE_MAX:
                 _free.append((pickler, sink))
-            if len(chunks) == 1:  # a small pickle: the whole of it is the pickler's
+            if len(chunks) == 1:  # a small pickle: the whole of it is the pickler's bytes
                 if b"__main__" not in chunks[0]:
                     return Pickled(chunks, buffers)
-            elif not _refers_to_main(chunks):
-                return Pickled(chunks, buffers)
+            else:
+                chunks = _flat(chunks)
+                if not _refers_to_main(chunks):
+                    return Pickled(chunks, buffers)
     sink = _Sink()
     sink.out_of_band = out_of_band
     cloudpickle.Pickler(sink, protocol=_PROTOCOL, buffer_callback=sink.buffer).dump(obj)
-    return Pickled(sink.chunks, sink.buffers)
+    return Pickled(_flat(sink.chunks), sink.buffers)
 
 
 def dumps(obj: object) -> bytes:
