@@ -462,12 +462,15 @@ class FrameStream:
         del buffer[:end]
         return frame
 
-    def _begin_body(self, length: int) -> None:
-        """Receive the frame at the start of the buffer (a body of ``length`` bytes, more than
-        the buffer holds) in place: into a ``bytearray`` of its payload's size, which takes
-        what the buffer holds of it (the buffer is then empty)."""
+    def _begin_body(self, length: int, source: bytes | bytearray | None = None) -> None:
+        """Receive the frame at the start of ``source`` (a body of ``length`` bytes, more than
+        ``source`` holds) in place: into a buffer of its payload's size, which takes what
+        ``source`` holds of it. ``source`` is the receive buffer (then emptied) or, when
+        that is empty, what a read just returned (``_reading`` still set)."""
         buffer = self._buffer
-        kind, call_id = _KIND_AND_ID.unpack_from(buffer, _LENGTH.size)
+        if source is None:
+            source = buffer
+        kind, call_id = _KIND_AND_ID.unpack_from(source, _LENGTH.size)
         known = _KINDS.get(kind)
         if known is None:
             raise FrameError(f"unknown frame kind {kind}")
@@ -485,9 +488,9 @@ class FrameStream:
             body = bytearray(size)
             self._spare = body if size <= _SPARE_AT_MOST else None
         view = memoryview(body)
-        held = len(buffer) - _HEADER.size
-        with memoryview(buffer) as source:
-            view[:held] = source[_HEADER.size:]
+        held = len(source) - _HEADER.size
+        with memoryview(source) as held_view:
+            view[:held] = held_view[_HEADER.size:]
         # One step for pending (the signal handler runs between bytecodes): what it reads is
         # either the buffer or the body, never half of each.
         self._reading = True
@@ -556,7 +559,12 @@ class FrameStream:
                 data = raw.try_receive(RECEIVE_SIZE)
                 read = None if data is None else len(data)
                 if data:
-                    self._buffer += data
+                    if not self._buffer and self._starts_large_frame(data):
+                        # Straight from the read into the body: one copy less than through
+                        # the buffer.
+                        self._begin_body(_LENGTH.unpack_from(data)[0], data)
+                    else:
+                        self._buffer += data
         finally:
             self._reading = False
         if read is None:
@@ -565,6 +573,15 @@ class FrameStream:
             self._ended = True
             return False
         return True
+
+    def _starts_large_frame(self, data: bytes) -> bool:
+        """Whether ``data`` starts with the header of a well-formed frame to receive in place
+        (anything else goes through the buffer, where :meth:`_next` judges it)."""
+        if len(data) < _HEADER.size:
+            return False
+        (length,) = _LENGTH.unpack_from(data)
+        return (_IN_PLACE_ABOVE < length <= self._max and _LENGTH.size + length > len(data)
+                and data[_LENGTH.size] in _KINDS)
 
     def pending(self, kind: Kind, call_id: int) -> bool:
         """Whether a frame of ``kind`` for ``call_id`` has arrived and is not received yet (in
