@@ -1,11 +1,14 @@
 """Connected sockets as AnyIO byte streams that the frame codec can also drive without waiting.
 
 :class:`SocketStream` is a :class:`~anyio.abc.ByteStream` over one non-blocking stream socket
-(Unix or TCP) on either backend, plus two calls that never wait: :meth:`SocketStream.try_send`
-and :meth:`SocketStream.try_receive`. The frame codec (:mod:`anywool.runtime._wire`) uses those
-so that a frame the socket takes or holds at once costs one system call and no trip through the
-event loop; it waits (``anyio.wait_readable`` / ``anyio.wait_writable``) only when the socket
-would block. AnyIO's own socket streams checkpoint on every send and receive, and under asyncio
+(Unix or TCP) on either backend, plus calls that never wait: :meth:`SocketStream.try_send`
+and :meth:`SocketStream.try_receive`, and for large payloads :meth:`SocketStream.try_send_many`
+(several buffers, one ``sendmsg``, nothing joined) and :meth:`SocketStream.try_receive_into`
+(``recv_into`` a buffer the caller owns). The frame codec (:mod:`anywool.runtime._wire`) uses
+those so that a frame the socket takes or holds at once costs one system call and no trip
+through the event loop; it waits (``anyio.wait_readable`` / ``anyio.wait_writable``) only when
+the socket would block. A Unix socket asks for 1 MiB send and receive buffers (see
+``_grow_buffers``), so that a large frame needs few such waits. AnyIO's own socket streams checkpoint on every send and receive, and under asyncio
 put TCP behind a transport whose buffer a direct write would overtake; owning the socket avoids
 both. TLS is layered on top by :class:`~anyio.streams.tls.TLSStream`, as on any byte stream.
 

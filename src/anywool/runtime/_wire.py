@@ -32,9 +32,9 @@ header, a larger one as a vectored send of its header and its payload's parts
 (:class:`Parts`, e.g. a pickle's pieces and out-of-band buffers, never joined: joining 16 MiB
 cost 3-4 ms and the peak memory of a second copy). Frames are read from a receive buffer in
 reads of up to 64 KiB; a frame whose body is larger than that and not in the buffer yet is
-received in place: its payload gets a buffer of exactly its size (what the receive buffer
-already holds of it is moved there), which the socket reads straight into (``recv_into``) for
-as many bytes as are missing, and which becomes the frame's payload as it is. That buffer is
+received in place: its payload gets a buffer of exactly its size (what the receive buffer, or
+the read that brought its header, holds of it is moved there), which the socket reads straight
+into (``recv_into``) for as many bytes as are missing, and which becomes the frame's payload as it is. That buffer is
 the previous one's again when nothing refers to the previous one any more (a new
 ``bytearray`` is zeroed and its memory faulted in as it is made). Before (issue 20), a large
 body grew the receive buffer 1 MiB at a time (each read a new ``bytes``, then appended, then
