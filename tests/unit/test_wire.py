@@ -318,3 +318,20 @@ async def test_a_stream_giving_more_than_a_body_lacks_keeps_the_rest_for_the_nex
     reader = FrameStream(_Sink(), _Bytes(data[:100_000], data[100_000:]))
     with anyio.fail_after(5):
         assert [await reader.receive(), await reader.receive()] == [first, second]
+
+
+@pytest.mark.parametrize("size", [10, 100_000])
+async def test_a_frame_arriving_a_few_bytes_at_a_time_over_a_socket(size: int) -> None:
+    data = encode(Frame(Kind.RESULT, 3, b"p" * size))
+    sender, receiver = _socket_pair()
+    try:
+        with anyio.fail_after(10):
+            for piece in (data[:1], data[1:2], data[2:20]):
+                await _write_raw(sender, piece)
+                with anyio.move_on_after(0.05):
+                    await receiver.receive()
+            await _write_raw(sender, data[20:])
+            frame = await receiver.receive()
+    finally:
+        _close(sender, receiver)
+    assert frame == Frame(Kind.RESULT, 3, b"p" * size)

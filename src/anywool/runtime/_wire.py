@@ -559,7 +559,9 @@ class FrameStream:
                 data = raw.try_receive(RECEIVE_SIZE)
                 read = None if data is None else len(data)
                 if data:
-                    if not self._buffer and self._starts_large_frame(data):
+                    # (data[0] or data[1]: the length is 64 KiB or more, else no look.)
+                    if not self._buffer and len(data) >= _HEADER.size \
+                            and (data[0] or data[1]) and self._starts_large_frame(data):
                         # Straight from the read into the body: one copy less than through
                         # the buffer.
                         self._begin_body(_LENGTH.unpack_from(data)[0], data)
