@@ -335,3 +335,27 @@ async def test_a_frame_arriving_a_few_bytes_at_a_time_over_a_socket(size: int) -
     finally:
         _close(sender, receiver)
     assert frame == Frame(Kind.RESULT, 3, b"p" * size)
+
+
+async def test_a_body_received_in_place_is_reused_once_nothing_refers_to_it() -> None:
+    # The next large frame is received into the same memory (a new bytearray would be zeroed
+    # and faulted in again); one still held is never received into.
+    payloads = [_random_bytes(1024 * 1024 + 7, seed=seed) for seed in range(3)]
+    sender, receiver = _socket_pair()
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(sender.send, Frame(Kind.RESULT, 0, payloads[0]))
+                first = await receiver.receive()
+                buffer = id(first.payload)
+                del first
+                tg.start_soon(sender.send, Frame(Kind.RESULT, 1, payloads[1]))
+                second = await receiver.receive()
+                assert isinstance(second.payload, memoryview)
+                assert id(second.payload.obj) == buffer
+                tg.start_soon(sender.send, Frame(Kind.RESULT, 2, payloads[2]))
+                third = await receiver.receive()  # second is held: another buffer
+    finally:
+        _close(sender, receiver)
+    assert bytes(second.payload) == payloads[1] and bytes(third.payload) == payloads[2]
+    assert isinstance(third.payload, bytearray) or id(third.payload.obj) != buffer

@@ -156,6 +156,8 @@ _PEEK_SIZE = 1 << 18
 _PEEK_MAX = 1 << 24
 # The largest body received in place that is kept to receive the next one into.
 _SPARE_AT_MOST = 32 << 20
+# What sys.getrefcount says of that body in _begin_body when nothing else refers to it.
+_UNREFERENCED = 3
 
 
 def payload_limit(max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> int:
@@ -477,12 +479,13 @@ class FrameStream:
         size = length - ENVELOPE_OVERHEAD
         spare = self._spare
         # The last body is used again if nothing refers to it any more (its frame and every
-        # view of it are gone: only self._spare and getrefcount's argument hold it) and it is
-        # not much larger than needed; else a new one, which is kept for next time if not
-        # too large. (A new bytearray is zeroed, and its pages faulted in, as it is made:
-        # 3-20 ms per 16 MiB here, depending on whether the allocator has to grow the heap.)
+        # view of it are gone: only self._spare, the local spare and getrefcount's argument
+        # hold it) and it is not much larger than needed; else a new one, which is kept for
+        # next time if not too large. (A new bytearray is zeroed, and its pages faulted in,
+        # as it is made: 2-20 ms per 16 MiB here, depending on whether the allocator has to
+        # grow the heap.)
         if spare is not None and size <= len(spare) <= 2 * size \
-                and sys.getrefcount(spare) == 2:
+                and sys.getrefcount(spare) == _UNREFERENCED:
             body: Buffer = memoryview(spare)[:size]
         else:
             body = bytearray(size)
