@@ -176,30 +176,31 @@ def call_payload(fn: Callable[..., object], args: tuple = (), kwargs: dict | Non
     """A CALL frame's payload for ``fn(*args, **kwargs)`` (``fields``: more of its header)."""
     from anywool.runtime import _envelope, _serializer
 
-    request = _envelope.CallRequest(_serializer.dumps((fn, args, kwargs or {})),
+    request = _envelope.CallRequest(_serializer.dump((fn, args, kwargs or {})),
                                     getattr(fn, "__qualname__", repr(fn)), **fields)  # type: ignore[arg-type]
-    return _envelope.encode_call(request)
+    return _envelope.encode_call(request).join()
 
 
 def step_payload(value: object = None) -> bytes:
     """An ASEND frame's payload sending ``value``."""
     from anywool.runtime import _envelope, _serializer
 
-    return _envelope.encode_step(_envelope.Step(_serializer.dumps(value)))
+    return _envelope.encode_step(_envelope.Step(_serializer.dump(value))).join()
 
 
 def result_of(payload: bytes) -> object:
     """The value a RESULT frame's payload carries."""
     from anywool.runtime import _envelope, _serializer
 
-    return _serializer.loads(_envelope.decode_reply(payload)[0])
+    value = _envelope.decode_reply(payload)[0]
+    return _serializer.loads(value.stream(), value.buffers)
 
 
 def exception_of(payload: bytes) -> BaseException:
     """The exception an EXCEPTION frame's payload carries."""
     from anywool.runtime import _envelope, _serializer
 
-    return _serializer.loads_exception(_envelope.decode_reply(payload)[0])
+    return _serializer.loads_exception(_envelope.decode_reply(payload)[0].stream())
 
 
 @contextlib.contextmanager

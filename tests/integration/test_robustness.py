@@ -340,7 +340,7 @@ async def test_a_step_whose_send_fails_on_a_connection_left_open_fails_not_waits
                     await frames.send(Frame(Kind.ACK, call.call_id))
                     assert (await frames.receive()).kind == Kind.ASEND
                     await frames.send(Frame(Kind.RESULT, call.call_id,
-                                            _envelope.encode_reply(_serializer.dumps(1))))
+                                            _envelope.encode_reply(_serializer.dump(1)).join()))
                     stream.extra(SocketAttribute.raw_socket).shutdown(socket.SHUT_RD)
                     await anyio.sleep_forever()
 

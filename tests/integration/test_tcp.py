@@ -49,6 +49,11 @@ async def environment(name: str) -> str | None:
     return os.environ.get(name)
 
 
+@routine
+async def echo_back(data: bytes) -> bytes:
+    return data
+
+
 @pytest.fixture(scope="module")
 def certificates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """PEM files of one CA, a certificate it issued for 127.0.0.1, and one issued by another."""
@@ -181,6 +186,20 @@ async def test_mutual_tls_and_a_secret_together(certificates: dict[str, str]) ->
     with anyio.fail_after(30):
         async with WorkerPool(spawn=1, host="127.0.0.1", tls=tls, secret=SECRET):
             assert await scale(4) == 8
+
+
+async def test_large_payloads_cross_authenticated_and_tls_connections(
+        certificates: dict[str, str]) -> None:
+    # Over TCP a frame's parts go through the authenticated stream's own send (TLS: anyio's
+    # TLSStream), not the raw socket's vectored one.
+    data = os.urandom(12 * 1024 * 1024)
+    tls = MutualTLS(certificates["cert"], cafile=certificates["ca"])
+    with anyio.fail_after(60):
+        for credentials in ({"secret": SECRET}, {"tls": tls}):
+            async with WorkerPool(spawn=1, host="127.0.0.1", **credentials):  # type: ignore[arg-type]
+                assert await echo_back(data) == data
+                assert await echo_back(bytearray(data)) == data
+                assert await scale(2) == 4
 
 
 async def test_a_certificate_from_another_ca_is_rejected(

@@ -187,6 +187,6 @@ def test_an_interrupt_from_unpickling_is_the_users_except_in_a_worker(
     with pytest.raises(pickle.UnpicklingError, match="KeyboardInterrupt"):
         loads(data)
     with pytest.raises(SerializationError, match="cannot be unpickled"):
-        _serializer.loads_value(data, "f", "the arguments")
+        _serializer.loads_value(_serializer.Pickled([data]), "f", "the arguments")
     with pytest.warns(SerializationWarning):
         assert isinstance(loads_exception(exception), RuntimeError)

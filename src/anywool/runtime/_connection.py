@@ -41,6 +41,7 @@ from anywool.runtime import _auth, _context, _ctrl_c, _socket, _wakeup
 from anywool.runtime import _envelope as envelope
 from anywool.runtime import _serializer as serializer
 from anywool.runtime._envelope import CallRequest, Origin, Step
+from anywool.runtime._serializer import Pickled
 from anywool.runtime._peer import PEER_GONE
 from anywool.runtime._routine import running_task
 from anywool.runtime._wakeup import Wakeup
@@ -50,6 +51,7 @@ from anywool.runtime._wire import (
     FrameError,
     FrameStream,
     Kind,
+    Parts,
     payload_limit,
     shut_down,
 )
@@ -486,8 +488,8 @@ class WorkerConnection(SingleUse):
     # -- calls -------------------------------------------------------------------------------
 
     def _prepare(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                 *, streaming: bool, plain: bool = False) -> tuple[_Call, Frame, Origin | None]:
-        """Register a call and make its CALL frame (synchronous: nothing is sent yet; the
+                 *, streaming: bool, plain: bool = False) -> tuple[_Call, Parts, Origin | None]:
+        """Register a call and make its CALL frame's payload (synchronous: nothing is sent yet; the
         call counts among those waiting to start from here on).
 
         A coroutine's call carries the seconds left of the caller's effective deadline (the
@@ -512,9 +514,9 @@ class WorkerConnection(SingleUse):
         payload = envelope.encode_call(request, origin_known=known)
         # Judged as if the origin travelled whole: what fits must not depend on which
         # connection the balancer picks, nor on whether it delivered the origin already.
-        limit, size = payload_limit(self._max_frame_size), len(payload)
+        limit, size = payload_limit(self._max_frame_size), payload.nbytes
         if known and origin is not None and size + len(origin[1]) + 5 > limit:
-            size = len(envelope.encode_call(request))  # near the limit only: exact
+            size = envelope.encode_call(request).nbytes  # near the limit only: exact
         if size > limit:
             raise PayloadTooLarge(f"the call to {name}", size, limit)
         if self._failure is not None or self._frames is None:
@@ -530,9 +532,9 @@ class WorkerConnection(SingleUse):
                 self._on_sent()
             except Exception:
                 log.exception("on_sent callback of %s failed", self.address)
-        return call, Frame(Kind.CALL, call_id, payload), origin
+        return call, payload, origin
 
-    async def _send_call(self, call: _Call, frame: Frame, origin: Origin | None) -> None:
+    async def _send_call(self, call: _Call, payload: Parts, origin: Origin | None) -> None:
         """Send a prepared call's CALL frame.
 
         :raises CallNotDelivered: the connection failed before the frame was written.
@@ -542,7 +544,7 @@ class WorkerConnection(SingleUse):
         """
         assert self._frames is not None
         try:
-            await self._frames.send(frame)
+            await self._frames.send_parts(Kind.CALL, call.id, payload)
         except PEER_GONE as exc:
             self._fail(f"connection failed: {exc!r}")
             raise CallNotDelivered(self.address, f"could not send the call: {exc!r}") from exc
@@ -557,9 +559,9 @@ class WorkerConnection(SingleUse):
         """Register a call and send its CALL frame; a streaming call also waits for the
         worker's answer to it (a coroutine's caller reads it with the result, see
         :meth:`call`)."""
-        call, frame, origin = self._prepare(fn, args, kwargs, streaming=streaming, plain=plain)
+        call, payload, origin = self._prepare(fn, args, kwargs, streaming=streaming, plain=plain)
         try:
-            await self._send_call(call, frame, origin)
+            await self._send_call(call, payload, origin)
             if streaming:
                 first = await call.first_frame()
                 if first.kind != Kind.ACK:
@@ -588,9 +590,9 @@ class WorkerConnection(SingleUse):
         """
         # The hot path of every call: as few coroutine levels as can be (each adds to every
         # wake-up of the caller).
-        call, frame, origin = self._prepare(fn, args, kwargs, streaming=False, plain=plain)
+        call, payload, origin = self._prepare(fn, args, kwargs, streaming=False, plain=plain)
         try:
-            await self._send_call(call, frame, origin)
+            await self._send_call(call, payload, origin)
             frame = await call.first_frame()
             call.finished = True
             if frame.kind == Kind.RETURN:
@@ -737,7 +739,7 @@ class _Call:
         """Take an END frame: set the context variables it carries."""
         self._update(envelope.decode_end(frame.payload))
 
-    def _update(self, changes: bytes | None) -> None:
+    def _update(self, changes: Pickled | None) -> None:
         if changes is not None:
             _context.update(serializer.loads_value(
                 changes, self.name, "the values of the context variables it set",
@@ -750,16 +752,19 @@ class _Call:
                 self._update(changes)
             except (FrameError, SerializationError) as exc:
                 return exc
-            return serializer.loads_exception(data)
+            return serializer.loads_exception(data.stream())
         if frame.kind == Kind.NACK:
             return CallNotDelivered(self.connection.address, "the worker refused the call")
         return WorkerError(self.connection.address, f"unexpected {frame.kind.name} frame")
 
-    async def send(self, kind: Kind, payload: bytes = b"") -> None:
+    async def send(self, kind: Kind, payload: Parts | None = None) -> None:
         frames = self.connection._frames
         assert frames is not None
         try:
-            await frames.send(Frame(kind, self.id, payload))
+            if payload is None:
+                await frames.send(Frame(kind, self.id))
+            else:
+                await frames.send_parts(kind, self.id, payload)
         except PEER_GONE as exc:
             self.finished = True
             reason = f"connection failed: {exc!r}"
@@ -865,7 +870,7 @@ class _Call:
         finally:
             connection._bury(self)
 
-    async def step(self, kind: Kind, value: bytes = b"") -> tuple[bool, Any]:
+    async def step(self, kind: Kind, value: Pickled = envelope.NOTHING) -> tuple[bool, Any]:
         """Drive a streaming call by one step, carrying the caller's deadline and context
         variables; what the step changed in them is set in the caller's context.
 
@@ -878,9 +883,9 @@ class _Call:
         """
         payload = envelope.encode_step(Step(value, _seconds_left(), _dump_context(self.name)))
         limit = payload_limit(self.connection._max_frame_size)
-        if len(payload) > limit:
+        if payload.nbytes > limit:
             raise PayloadTooLarge(f"a step of {self.name} (the value sent, or the context "
-                                  "variables)", len(payload), limit)
+                                  "variables)", payload.nbytes, limit)
         try:
             await self.send(kind, payload)
         except WorkerError:
@@ -942,7 +947,7 @@ async def drive_stream(
                             call.finished = True
                 raise
             except BaseException as exc:  # athrow(): forward it into the remote generator
-                kind, payload = Kind.ATHROW, serializer.dumps_exception(exc)
+                kind, payload = Kind.ATHROW, Pickled([serializer.dumps_exception(exc)])
             else:
                 kind, payload = Kind.ASEND, (
                     _NONE if sent is None
@@ -951,7 +956,7 @@ async def drive_stream(
         await call.release()
 
 
-_NONE = serializer.dumps(None)
+_NONE = serializer.dump(None)
 
 
 class _Lost(Exception):
@@ -977,7 +982,7 @@ async def _own_deadline() -> None:
         await anyio.lowlevel.checkpoint()
 
 
-def _dump_context(routine: str) -> bytes | None:
+def _dump_context(routine: str) -> Pickled | None:
     values = _context.capture()
     return None if values is None else serializer.dumps_context(values, routine)
 

@@ -178,7 +178,7 @@ class _Host:
         from anywool.runtime._proxy import WorkerProxy
 
         owner = self._owner
-        proxy = serializer.loads_value(self._origin[1], name, "the proxy of the pool it was "
+        proxy = serializer.loads_value(serializer.Pickled([self._origin[1]]), name, "the proxy of the pool it was "
                                        "called from", f" on worker {owner._where}")
         if not isinstance(proxy, WorkerProxy):
             raise TypeError(f"a call's origin must be the pickle of a WorkerProxy, got {proxy!r}")

@@ -38,6 +38,7 @@ from anywool.runtime._callgroup import CallGroup, Scope, open_call_group, scope_
 from anywool.runtime._nested import NestedProxies
 from anywool.runtime._peer import PEER_GONE, PEER_HUNG_UP
 from anywool.runtime._routine import RoutineTask, routine_body, set_active, set_running
+from anywool.runtime._serializer import Pickled
 from anywool.runtime._wire import (
     Frame,
     FrameError,
@@ -422,7 +423,7 @@ class Server:
             else:
                 await self._reply_cancelled(frames, call)
 
-    def _load_context(self, data: bytes | None, name: str) -> dict[str, Any] | None:
+    def _load_context(self, data: Pickled | None, name: str) -> dict[str, Any] | None:
         if data is None:
             return None
         values = serializer.loads_value(data, name, "the values of its context variables",
@@ -480,7 +481,7 @@ class Server:
                         sent = serializer.loads_value(step.value, call.name,
                                                       "the value sent to it", self._on)
                     elif frame.kind == Kind.ATHROW:
-                        thrown = serializer.loads_exception(step.value)
+                        thrown = serializer.loads_exception(step.value.stream())
                 except Exception as exc:
                     await self._reply_exception(frames, call, exc)
                     return
@@ -555,7 +556,7 @@ class Server:
 
     # -- replies -------------------------------------------------------------------------------
 
-    def _changes(self, call: _ServerCall, before: dict[str, Any] | None) -> bytes | None:
+    def _changes(self, call: _ServerCall, before: dict[str, Any] | None) -> Pickled | None:
         """What the routine changed in its context variables since ``before``, pickled.
 
         :raises SerializationError: a changed value cannot be pickled.
@@ -577,13 +578,14 @@ class Server:
             return False
         payload = envelope.encode_reply(data, changes)
         limit = payload_limit(frames.max_frame_size)
-        if len(payload) <= limit:
-            await frames.send(Frame(kind, call.id, payload))
+        if payload.nbytes <= limit:
+            await frames.send_parts(kind, call.id, payload)
             return True
         too_large = (f"the value produced by {call.name}"
-                     if len(envelope.encode_reply(data)) > limit
+                     if envelope.encode_reply(data).nbytes > limit
                      else f"the context-variable values {call.name} set")
-        await self._reply_exception(frames, call, PayloadTooLarge(too_large, len(payload), limit))
+        await self._reply_exception(frames, call, PayloadTooLarge(too_large, payload.nbytes,
+                                                                  limit))
         return False
 
     async def _reply_end(self, frames: FrameStream, call: _ServerCall,
@@ -595,11 +597,11 @@ class Server:
             return
         payload = envelope.encode_end(changes)
         limit = payload_limit(frames.max_frame_size)
-        if len(payload) <= limit:
-            await frames.send(Frame(Kind.END, call.id, payload))
+        if payload.nbytes <= limit:
+            await frames.send_parts(Kind.END, call.id, payload)
             return
         await self._reply_exception(frames, call, PayloadTooLarge(
-            f"the context-variable values {call.name} set", len(payload), limit))
+            f"the context-variable values {call.name} set", payload.nbytes, limit))
 
     async def _reply_exception(self, frames: FrameStream, call: _ServerCall, exc: BaseException,
                                before: dict[str, Any] | None | _Untracked = _UNTRACKED
@@ -617,15 +619,15 @@ class Server:
             except SerializationError as error:
                 exc.add_note(f"(its context-variable changes were lost: {error})")
         limit = payload_limit(frames.max_frame_size)
-        data = serializer.dumps_exception(exc)
-        if changes is not None and len(envelope.encode_reply(data, changes)) > limit:
-            exc.add_note(f"(its context-variable changes were lost: {len(changes)} bytes do "
-                         "not fit one frame)")
-            data, changes = serializer.dumps_exception(exc), None
-        if len(envelope.encode_reply(data)) > limit:
-            data = serializer.dumps_exception(RuntimeError(
-                f"{type(exc).__name__}: {str(exc)[:1000]} (too large to send)"))
-        await frames.send(Frame(Kind.EXCEPTION, call.id, envelope.encode_reply(data, changes)))
+        data = Pickled([serializer.dumps_exception(exc)])
+        if changes is not None and envelope.encode_reply(data, changes).nbytes > limit:
+            exc.add_note(f"(its context-variable changes were lost: {sum(changes.sizes())} "
+                         "bytes do not fit one frame)")
+            data, changes = Pickled([serializer.dumps_exception(exc)]), None
+        if envelope.encode_reply(data).nbytes > limit:
+            data = Pickled([serializer.dumps_exception(RuntimeError(
+                f"{type(exc).__name__}: {str(exc)[:1000]} (too large to send)"))])
+        await frames.send_parts(Kind.EXCEPTION, call.id, envelope.encode_reply(data, changes))
 
     async def _reply_cancelled(self, frames: FrameStream, call: _ServerCall) -> None:
         try:

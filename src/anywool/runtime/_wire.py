@@ -26,6 +26,21 @@ Per call the worker answers ``Ack (Return | Result* (Exception | End)) | Excepti
   :class:`~anywool.errors.RoutineCancelled`), ``END`` or, when it had already finished,
   whatever ended it (``RETURN`` included).
 
+How the bytes move. A frame is sent with one system call when the socket takes it at once: a
+small one (up to :data:`_JOIN_AT_MOST` bytes of payload) joined into one ``bytes`` with its
+header, a larger one as a vectored send of its header and its payload's parts
+(:class:`Parts`, e.g. a pickle's pieces and out-of-band buffers, never joined: joining 16 MiB
+cost 3-4 ms and the peak memory of a second copy). Frames are read from a receive buffer in
+reads of up to 64 KiB; a frame whose body is larger than that and not in the buffer yet is
+received in place: its payload gets a buffer of exactly its size (what the receive buffer, or
+the read that brought its header, holds of it is moved there), which the socket reads straight
+into (``recv_into``) for as many bytes as are missing, and which becomes the frame's payload as it is. That buffer is
+the previous one's again when nothing refers to the previous one any more (a new
+``bytearray`` is zeroed and its memory faulted in as it is made). Before (issue 20), a large
+body grew the receive buffer 1 MiB at a time (each read a new ``bytes``, then appended, then
+the body copied out of the buffer): three copies of every byte, and the buffer's regrowth, on
+top of the kernel's, which is the only one now.
+
 This module does framing only; it knows nothing of routines or pickles.
 """
 
@@ -34,7 +49,8 @@ from __future__ import annotations
 import enum
 import socket
 import struct
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -42,7 +58,7 @@ import anyio.lowlevel
 from anyio.abc import ByteReceiveStream, ByteSendStream, ByteStream, SocketAttribute
 
 from anywool.errors import WoolError
-from anywool.runtime._socket import RECEIVE_SIZE, SocketStream
+from anywool.runtime._socket import RECEIVE_SIZE, Buffer, SocketStream, advance
 
 DEFAULT_MAX_FRAME_SIZE = 64 * 1024 * 1024  # bytes
 
@@ -78,12 +94,32 @@ class Frame:
 
     :param kind: the frame kind.
     :param call_id: the call it belongs to, an unsigned 64-bit integer chosen by the client.
-    :param payload: opaque bytes (empty when the kind carries nothing).
+    :param payload: opaque bytes (empty when the kind carries nothing); a frame received has
+        ``bytes``, or for a large body the buffer it was received into: a ``bytearray``, or a
+        ``memoryview`` of one that its stream receives into again once nothing refers to it.
     """
 
     kind: Kind
     call_id: int
-    payload: bytes = b""
+    payload: Buffer = b""
+
+
+class Parts:
+    """A payload to send in pieces, as if they were joined (see :meth:`FrameStream.send_parts`).
+
+    :param pieces: bytes-like objects, written in order and never copied here.
+    :param nbytes: their total size in bytes.
+    """
+
+    __slots__ = ("pieces", "nbytes")
+
+    def __init__(self, pieces: list[Buffer], nbytes: int) -> None:
+        self.pieces = pieces
+        self.nbytes = nbytes
+
+    def join(self) -> bytes:
+        """The payload as one ``bytes`` (a copy)."""
+        return b"".join(self.pieces)
 
 
 class FrameError(WoolError):
@@ -108,10 +144,20 @@ _SLICE_AT_MOST = 4096
 _KINDS: dict[int, Kind] = {int(kind): kind for kind in Kind}
 # Consecutive frames a receiver may take without waiting before it lets other tasks run.
 _STREAK = 64
-# The most bytes one read asks for while a large frame body is missing (a memory bound).
-_MAX_READ = 1 << 20
-# The most bytes of the socket that FrameStream.pending looks at.
+# A frame body larger than this that is not in the receive buffer yet is received in place.
+_IN_PLACE_ABOVE = RECEIVE_SIZE
+# Payloads up to this size are joined with their frame's header and sent as one bytes (the
+# copy costs less than building the vectored send's buffer list); larger ones go as a
+# vectored send of their parts.
+_JOIN_AT_MOST = 16 * 1024
+# The bytes of the socket that FrameStream.pending looks at past the frames it skips, and the
+# most it looks at in all (a socket holds less: its buffers are smaller).
 _PEEK_SIZE = 1 << 18
+_PEEK_MAX = 1 << 24
+# The largest body received in place that is kept to receive the next one into.
+_SPARE_AT_MOST = 32 << 20
+# What sys.getrefcount says of that body in _begin_body when nothing else refers to it.
+_UNREFERENCED = 3
 
 
 def payload_limit(max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> int:
@@ -119,20 +165,31 @@ def payload_limit(max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> int:
     return max_frame_size - ENVELOPE_OVERHEAD
 
 
+def _header(kind: Kind, call_id: int, size: int, max_frame_size: int) -> bytes:
+    """The length, kind and call id of a frame whose payload has ``size`` bytes.
+
+    :raises FrameError: the body would exceed ``max_frame_size`` bytes, or the call id is not
+        an unsigned 64-bit int.
+    """
+    length = ENVELOPE_OVERHEAD + size
+    if length > max_frame_size:
+        raise FrameError(
+            f"a {kind.name} frame of {length} bytes exceeds the maximum of "
+            f"{max_frame_size} bytes"
+        )
+    if not 0 <= call_id < _U64:
+        raise FrameError(f"a call id must be an unsigned 64-bit int, got {call_id!r}")
+    return _HEADER.pack(length, kind, call_id)
+
+
 def encode(frame: Frame, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
     """The wire bytes of ``frame`` (header included).
 
     :raises FrameError: the body would exceed ``max_frame_size`` bytes.
     """
-    length = ENVELOPE_OVERHEAD + len(frame.payload)
-    if length > max_frame_size:
-        raise FrameError(
-            f"a {frame.kind.name} frame of {length} bytes exceeds the maximum of "
-            f"{max_frame_size} bytes"
-        )
-    if not 0 <= frame.call_id < _U64:
-        raise FrameError(f"a call id must be an unsigned 64-bit int, got {frame.call_id!r}")
-    return _HEADER.pack(length, frame.kind, frame.call_id) + frame.payload
+    payload = frame.payload
+    size = payload.nbytes if isinstance(payload, memoryview) else len(payload)
+    return _header(frame.kind, frame.call_id, size, max_frame_size) + payload
 
 
 def decode_body(body: bytes) -> Frame:
@@ -196,7 +253,15 @@ class FrameStream:
         self._raw_send = send_stream if isinstance(send_stream, SocketStream) else None
         self._raw_receive = receive_stream if isinstance(receive_stream, SocketStream) else None
         self._buffer = bytearray()
-        self._reading = False  # a read is being appended to the buffer (see pending)
+        # The body of the frame being received in place (see _begin_body): its payload, how
+        # much of it arrived, its kind and call id. The receive buffer is empty meanwhile.
+        self._body: Buffer | None = None
+        self._spare: bytearray | None = None  # the last body received in place (_begin_body)
+        self._body_view = memoryview(b"")
+        self._got = 0
+        self._body_kind = Kind.CALL
+        self._body_id = 0
+        self._reading = False  # a read is being added to the buffer or body (see pending)
         self._ended = False
         self._streak = 0
         # Set by _drain (the readiness callback) for the receiver waiting in _fill: it read.
@@ -225,32 +290,67 @@ class FrameStream:
         socket takes at once is written without waiting (a cancellation already pending is
         raised first, and nothing is written).
         """
-        data = encode(frame, self._max)
+        await self._send(encode(frame, self._max))
+
+    async def send_parts(self, kind: Kind, call_id: int, parts: Parts) -> None:
+        """Write one frame whose payload is ``parts`` (as :meth:`send` does), without joining
+        large parts: one vectored send of the header and the parts where the socket takes
+        them at once. The parts are read as they are written, so they must not change until
+        this returns.
+
+        :raises FrameError: the frame is too large; nothing was written.
+        :raises anyio.BrokenResourceError: the peer is gone.
+        :raises anyio.ClosedResourceError: the stream was closed locally.
+
+        Cancellation: as for :meth:`send`.
+        """
+        header = _header(kind, call_id, parts.nbytes, self._max)
+        if parts.nbytes <= _JOIN_AT_MOST:
+            await self._send(header + b"".join(parts.pieces))
+        else:
+            await self._send([header, *parts.pieces])
+
+    async def _send(self, data: bytes | Sequence[Buffer]) -> None:
         # A cancelled sender writes nothing. (It raises a pending cancellation only, without
         # letting other tasks run: the lock's state below is as seen.)
         await anyio.lowlevel.checkpoint_if_cancelled()
         raw, lock = self._raw_send, self._send_lock
         if raw is not None and not lock.locked():
-            written = raw.try_send(data)
-            if written == len(data):
-                return
+            if isinstance(data, bytes):
+                written = raw.try_send(data)
+                if written == len(data):
+                    return
+                rest: Sequence[Buffer] = [memoryview(data)[written:]]
+            else:
+                views = [memoryview(piece).cast("B") for piece in data]
+                written = raw.try_send_many(views)
+                rest = advance(views, written)
+                if not rest:
+                    return
             # Part of it is written: the rest goes before any other frame. Nothing awaited since
             # the lock was seen free, so it is ours at once.
             lock.acquire_nowait()
             try:
-                await self._write(memoryview(data)[written:])
+                await self._write(rest)
             finally:
                 lock.release()
             return
         async with lock:
             await self._write(data)
 
-    async def _write(self, data: bytes | memoryview) -> None:
+    async def _write(self, data: bytes | Sequence[Buffer]) -> None:
         # Shielded: a frame cut short by a cancelled sender would corrupt the stream for every
         # other call on it. Bounded: a peer that stops reading breaks the stream.
         with anyio.CancelScope(shield=True) as scope:
             scope.deadline = anyio.current_time() + self.send_timeout
-            await self._send_stream.send(data)  # type: ignore[arg-type]  # a memoryview is fine
+            stream = self._send_stream
+            if isinstance(data, bytes):
+                await stream.send(data)
+            elif isinstance(stream, SocketStream):
+                await stream.send_many(data)
+            else:  # TLS: it encrypts (copies) whatever it is given; small pieces go together
+                for piece in _coalesced(data):
+                    await stream.send(piece)  # type: ignore[arg-type]  # any buffer is fine
         if scope.cancelled_caught:
             await anyio.aclose_forcefully(self._send_stream)
             raise anyio.BrokenResourceError(
@@ -324,6 +424,9 @@ class FrameStream:
                 self._streak += 1
                 return frame
             if self._ended:
+                if self._body is not None:
+                    raise FrameError("the stream ended inside a frame body "
+                                     f"({ENVELOPE_OVERHEAD + len(self._body)} bytes announced)")
                 if self._buffer:
                     if len(self._buffer) < _HEADER.size:
                         raise FrameError("the stream ended inside a frame header")
@@ -334,7 +437,14 @@ class FrameStream:
             await self._fill()
 
     def _next(self) -> Frame | None:
-        """The first whole frame in the buffer, taken out of it (``None``: none yet)."""
+        """The first whole frame received, taken out of the buffer (``None``: none yet)."""
+        body = self._body
+        if body is not None:
+            if self._got < len(body):
+                return None
+            frame = Frame(self._body_kind, self._body_id, body)
+            self._body, self._body_view = None, memoryview(b"")
+            return frame
         buffer = self._buffer
         if len(buffer) < _LENGTH.size:
             return None
@@ -347,10 +457,52 @@ class FrameStream:
             raise _too_short(length)
         end = _LENGTH.size + length
         if len(buffer) < end:
+            if length > _IN_PLACE_ABOVE and len(buffer) >= _HEADER.size:
+                self._begin_body(length)
             return None
         frame = _parse_body(buffer, _LENGTH.size, end)
         del buffer[:end]
         return frame
+
+    def _begin_body(self, length: int, source: bytes | bytearray | None = None) -> None:
+        """Receive the frame at the start of ``source`` (a body of ``length`` bytes, more than
+        ``source`` holds) in place: into a buffer of its payload's size, which takes what
+        ``source`` holds of it. ``source`` is the receive buffer (then emptied) or, when
+        that is empty, what a read just returned (``_reading`` still set)."""
+        buffer = self._buffer
+        if source is None:
+            source = buffer
+        kind, call_id = _KIND_AND_ID.unpack_from(source, _LENGTH.size)
+        known = _KINDS.get(kind)
+        if known is None:
+            raise FrameError(f"unknown frame kind {kind}")
+        size = length - ENVELOPE_OVERHEAD
+        spare = self._spare
+        # The last body is used again if nothing refers to it any more (its frame and every
+        # view of it are gone: only self._spare, the local spare and getrefcount's argument
+        # hold it) and it is not much larger than needed; else a new one, which is kept for
+        # next time if not too large. (A new bytearray is zeroed, and its pages faulted in,
+        # as it is made: 2-20 ms per 16 MiB here, depending on whether the allocator has to
+        # grow the heap.)
+        if spare is not None and size <= len(spare) <= 2 * size \
+                and sys.getrefcount(spare) == _UNREFERENCED:
+            body: Buffer = memoryview(spare)[:size]
+        else:
+            body = bytearray(size)
+            self._spare = body if size <= _SPARE_AT_MOST else None
+        view = memoryview(body)
+        held = len(source) - _HEADER.size
+        with memoryview(source) as held_view:
+            view[:held] = held_view[_HEADER.size:]
+        # One step for pending (the signal handler runs between bytecodes): what it reads is
+        # either the buffer or the body, never half of each.
+        self._reading = True
+        try:
+            self._body, self._body_view, self._got = body, view, held
+            self._body_kind, self._body_id = known, call_id
+            buffer.clear()
+        finally:
+            self._reading = False
 
     def deliver_while_waiting(self, handler: Callable[[Frame], None]) -> None:
         """Let the event loop hand frames to ``handler`` itself while the receiver waits.
@@ -402,51 +554,83 @@ class FrameStream:
         read and the append, :meth:`pending` cannot look (see ``_reading``)."""
         self._reading = True
         try:
-            data = raw.try_receive(self._wanted())
-            if data:
-                self._buffer += data
+            if self._body is not None:
+                read = raw.try_receive_into(self._body_view[self._got:])
+                if read:
+                    self._got += read
+            else:
+                data = raw.try_receive(RECEIVE_SIZE)
+                read = None if data is None else len(data)
+                if data:
+                    # (data[0] or data[1]: the length is 64 KiB or more, else no look.)
+                    if not self._buffer and len(data) >= _HEADER.size \
+                            and (data[0] or data[1]) and self._starts_large_frame(data):
+                        # Straight from the read into the body: one copy less than through
+                        # the buffer.
+                        self._begin_body(_LENGTH.unpack_from(data)[0], data)
+                    else:
+                        self._buffer += data
         finally:
             self._reading = False
-        if data is None:
+        if read is None:
             return None
-        if not data:
+        if not read:
             self._ended = True
             return False
         return True
+
+    def _starts_large_frame(self, data: bytes) -> bool:
+        """Whether ``data`` starts with the header of a well-formed frame to receive in place
+        (anything else goes through the buffer, where :meth:`_next` judges it)."""
+        if len(data) < _HEADER.size:
+            return False
+        (length,) = _LENGTH.unpack_from(data)
+        return (_IN_PLACE_ABOVE < length <= self._max and _LENGTH.size + length > len(data)
+                and data[_LENGTH.size] in _KINDS)
 
     def pending(self, kind: Kind, call_id: int) -> bool:
         """Whether a frame of ``kind`` for ``call_id`` has arrived and is not received yet (in
         the buffer, or still in the socket), as far as it shows without reading: synchronous,
         and it changes nothing, so a signal handler may ask while the receiver is suspended.
 
-        ``False`` when it cannot say: over TLS, while a read is being appended to the buffer,
-        or beyond the first :data:`_PEEK_SIZE` bytes the socket holds.
+        ``False`` when it cannot say: over TLS, while a read is being added to the buffer (or
+        to the body being received in place), or when the frame lies beyond the first
+        :data:`_PEEK_MAX` bytes the socket holds. It looks at :data:`_PEEK_SIZE` bytes of the
+        socket past the frames it skips: the rest of a body being received in place, and
+        every frame ahead, however large (so a frame of several MiB that the socket holds
+        whole does not hide the frames behind it).
         """
         raw = self._raw_receive
         if raw is None or self._reading:
             return False
-        buffer = self._buffer
-        held = len(buffer)
-        ahead = raw.peek(_PEEK_SIZE)
-        offset = 0
+        body = self._body
+        if body is not None:
+            # The socket holds the rest of that body first, then the frames after it.
+            buffer, held, offset = bytearray(), 0, len(body) - self._got
+        else:
+            buffer, offset = self._buffer, 0
+            held = len(buffer)
+        window = max(offset - held, 0) + _PEEK_SIZE
+        if window > _PEEK_MAX:
+            return False
+        ahead = raw.peek(window)
         while True:
             header = _header_at(buffer, held, ahead, offset)
             if header is None:
-                return False
+                if len(ahead) < window:
+                    return False  # the socket holds no more: that frame has not arrived
+                # The peek ended first: look further, within bounds.
+                window = offset - held + _PEEK_SIZE
+                if window > _PEEK_MAX:
+                    return False
+                ahead = raw.peek(window)
+                continue
             length, found_kind, found_id = header
             if found_kind == kind and found_id == call_id:
                 return True
             if length > self._max or length < ENVELOPE_OVERHEAD:
                 return False  # malformed: the receiver will say so
             offset += _LENGTH.size + length
-
-    def _wanted(self) -> int:
-        """How many bytes to ask for: what the frame being read still lacks, within bounds."""
-        buffer = self._buffer
-        if len(buffer) >= _LENGTH.size:
-            (length,) = _LENGTH.unpack_from(buffer)
-            return min(max(RECEIVE_SIZE, _LENGTH.size + length - len(buffer)), _MAX_READ)
-        return RECEIVE_SIZE
 
     async def _fill(self) -> None:
         raw = self._raw_receive
@@ -464,14 +648,40 @@ class FrameStream:
                 read = self._read_now(raw)
             return
         self._streak = 0
+        body = self._body
         try:
-            data = await self._receive_stream.receive(self._wanted())
+            data = await self._receive_stream.receive(
+                RECEIVE_SIZE if body is None else len(body) - self._got)
         except anyio.EndOfStream:
             data = b""
-        if data:
-            self._buffer += data
-        else:
+        if not data:
             self._ended = True
+        elif body is None:
+            self._buffer += data
+        else:  # what the stream returns is a new bytes anyway (TLS decrypts into it)
+            room = len(body) - self._got
+            if len(data) > room:  # more than asked for: the rest is the next frames'
+                self._buffer += memoryview(data)[room:]
+                data = memoryview(data)[:room]
+            self._body_view[self._got:self._got + len(data)] = data
+            self._got += len(data)
+
+
+def _coalesced(pieces: Sequence[Buffer]) -> list[Buffer]:
+    """``pieces`` with each run of small ones (up to :data:`_JOIN_AT_MOST` bytes) joined."""
+    out: list[Buffer] = []
+    run: list[Buffer] = []
+    for piece in pieces:
+        if memoryview(piece).nbytes <= _JOIN_AT_MOST:
+            run.append(piece)
+            continue
+        if run:
+            out.append(b"".join(run))
+            run = []
+        out.append(piece)
+    if run:
+        out.append(b"".join(run))
+    return out
 
 
 def _header_at(buffer: bytearray, held: int, ahead: bytes, offset: int
