@@ -32,7 +32,7 @@ from anywool._owner import SingleUse, exit_task_group
 from anywool.discovery import DiscoveryEvent, DiscoverySubscriberLike, afilter
 from anywool.errors import AuthenticationError, NoWorkersAvailable, WorkerError
 from anywool.metadata import WorkerMetadata
-from anywool.runtime import _auth
+from anywool.runtime import _auth, _wakeup
 from anywool.runtime import _serializer as serializer
 from anywool.runtime._connection import (
     CallNotDelivered,
@@ -45,6 +45,7 @@ from anywool.runtime._envelope import Origin
 from anywool.runtime._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
 from anywool.runtime._resolve import is_context_manager
 from anywool.runtime._routine import reset_active, set_active
+from anywool.runtime._wakeup import Wakeup
 
 log = logging.getLogger(__name__)
 
@@ -268,8 +269,9 @@ class WorkerProxy(SingleUse):
         # Calls that every worker refused as busy, in the order they began to wait; the rooms
         # that found no waiter, for calls being refused meanwhile; a count of the changes of
         # workers (see _deliver).
-        self._room_waiters: dict[anyio.Event, None] = {}
-        self._room_front: dict[anyio.Event, None] = {}  # woken, found no room: served first
+        self._room_waiters: dict[Wakeup, None] = {}
+        self._room_front: dict[Wakeup, None] = {}  # woken, found no room: served first
+        self._wakeup: Callable[[], Wakeup] | None = None  # native to the backend, on first use
         self._spare_rooms = 0
         self._generation = 0
         # What calls carry so that their routines can call routines (see runtime._nested):
@@ -704,7 +706,9 @@ class WorkerProxy(SingleUse):
             front = True
 
     async def _wait_for_room(self, front: bool, *, kick: bool = False) -> None:
-        room = anyio.Event()
+        if self._wakeup is None:
+            self._wakeup = _wakeup.factory()
+        room = self._wakeup()
         (self._room_front if front else self._room_waiters)[room] = None
         if kick:
             self._on_sent()  # room there already: whoever is first goes (never a lost wake-up)
