@@ -70,10 +70,14 @@ _DEADLINE_SLACK = 0.1
 # take them. So a connection takes more only while its calls start promptly (see
 # WorkerConnection.busy): its window of calls waiting to start grows by one for each call that
 # started within START_WITHIN seconds of the worker reading it (the worker says, in its ACK),
-# and shrinks in proportion when one waited longer (a worker whose event loop runs CPU-bound
-# work starts the next call only when the current one ends). Up to WINDOW_MAX calls may wait;
-# a call once started no longer counts.
+# and shrinks in proportion (by HELD_OVER / the wait) when one waited over HELD_OVER (a
+# worker whose event loop runs CPU-bound work starts the next call only when the current one
+# ends). In between it stays: a worker starting a burst of quick calls starts the last of
+# them a few milliseconds after reading it, and a window cut for that would leave the worker
+# idle while the caller waits to learn it has room. Up to WINDOW_MAX calls may wait; a call
+# once started no longer counts.
 START_WITHIN = 0.002
+HELD_OVER = 0.02
 WINDOW_MAX = 64
 INITIAL_WINDOW = 1
 
@@ -364,8 +368,8 @@ class WorkerConnection(SingleUse):
             if started is not None:
                 if started <= START_WITHIN:
                     self._window = min(self._window + 1, WINDOW_MAX)
-                else:
-                    self._window = max(1, int(self._window * START_WITHIN / started))
+                elif started > HELD_OVER:
+                    self._window = max(1, int(self._window * HELD_OVER / started))
         if ended and call.running:
             call.running = False
             self._running -= 1

@@ -273,6 +273,10 @@ class WorkerProxy(SingleUse):
         self._room_front: dict[Wakeup, None] = {}  # woken, found no room: served first
         self._wakeup: Callable[[], Wakeup] | None = None  # native to the backend, on first use
         self._spare_rooms = 0
+        # Waiters woken that have not run yet: the room they were woken for is theirs, so a new
+        # call queues behind them rather than take it (else each woken waiter would mostly
+        # find its room gone and wait again).
+        self._promised = 0
         self._generation = 0
         # What calls carry so that their routines can call routines (see runtime._nested):
         # this proxy's pickle and a digest of it, its key, made once (again when the pool's own
@@ -360,6 +364,7 @@ class WorkerProxy(SingleUse):
         self._generation += 1
         front, self._room_front = self._room_front, {}
         waiters, self._room_waiters = self._room_waiters, {}
+        self._promised += len(front) + len(waiters)
         for room in (*front, *waiters):
             room.set()
 
@@ -677,18 +682,25 @@ class WorkerProxy(SingleUse):
         # call joins them rather than overtake them; one that was woken and found the room
         # gone again waits at the front.
         front = False
-        if self._room_front or self._room_waiters:
+        if self._room_front or self._room_waiters or self._promised:
             await self._wait_for_room(front, kick=True)
             front = True
         while True:
             generation = self._generation  # before trying: new workers, and it tries again
-            workers = await self._workers()
-            refused = False
             try:
-                return await self._balancer.dispatch(workers, attempt)
-            except NoWorkersAvailable:
-                if not (refused or any(connection.busy for _, connection in workers)):
-                    raise
+                workers = await self._workers()
+                refused = False
+                try:
+                    return await self._balancer.dispatch(workers, attempt)
+                except NoWorkersAvailable:
+                    if not (refused or any(connection.busy for _, connection in workers)):
+                        raise
+            except BaseException:
+                # Woken, and leaving without sending a call: calls that queued behind this
+                # one while it was woken (see _promised) must not wait for a wake-up it owed.
+                if front and not self._promised:
+                    self._on_sent()
+                raise
             if self._generation != generation:
                 continue
             # Room is announced by the connections: a call that started or ended where calls
@@ -710,17 +722,21 @@ class WorkerProxy(SingleUse):
             self._wakeup = _wakeup.factory()
         room = self._wakeup()
         (self._room_front if front else self._room_waiters)[room] = None
-        if kick:
-            self._on_sent()  # room there already: whoever is first goes (never a lost wake-up)
+        if kick and not self._promised:
+            # Room there already: whoever is first goes (never a lost wake-up). A waiter woken
+            # already wakes the next itself once its call is sent, if room is left.
+            self._on_sent()
         try:
             await room.wait()
         except BaseException:
             if room.is_set():
+                self._promised -= 1
                 self._on_room()  # woken, but leaving: the place goes to the next waiter
             else:
                 self._room_front.pop(room, None)
                 self._room_waiters.pop(room, None)
             raise
+        self._promised -= 1
 
     def _on_accepted(self) -> None:
         if self._room_front or self._room_waiters:
@@ -741,6 +757,7 @@ class WorkerProxy(SingleUse):
             room = next(iter(waiters), None)
             if room is not None:
                 del waiters[room]
+                self._promised += 1
                 room.set()
                 return
         # At most one per worker: more would only send calls to be refused again.
@@ -767,7 +784,7 @@ class WorkerProxy(SingleUse):
             # The built-in balancer's choice, made here, saves every call the layers of the
             # general path; a call nobody has room for, or that is refused, takes that path.
             if self._picks and self._quorum_met and self._active and self._failure is None \
-                    and not (self._room_front or self._room_waiters):
+                    and not (self._room_front or self._room_waiters or self._promised):
                 connection = self._balancer.pick(self._ready_list)  # type: ignore[attr-defined]
                 if connection is not None:
                     try:

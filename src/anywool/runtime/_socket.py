@@ -46,6 +46,8 @@ RECEIVE_SIZE = 65536
 SOCKET_BUFFER = 1 << 20
 #: The most buffers one vectored send passes (Linux's ``IOV_MAX`` is 1024).
 _IOV_MAX = 512
+# A peek's flags, as a plain int: or-ing the enum members costs two enum calls per peek.
+_PEEK_FLAGS = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)
 
 
 class SocketStream(ByteStream):
@@ -155,7 +157,7 @@ class SocketStream(ByteStream):
         if self._closed:
             return b""
         try:
-            return self._sock.recv(max_bytes, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            return self._sock.recv(max_bytes, _PEEK_FLAGS)
         except OSError:
             return b""
 

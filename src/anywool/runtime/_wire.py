@@ -50,7 +50,8 @@ import enum
 import socket
 import struct
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -154,6 +155,10 @@ _JOIN_AT_MOST = 16 * 1024
 # most it looks at in all (a socket holds less: its buffers are smaller).
 _PEEK_SIZE = 1 << 18
 _PEEK_MAX = 1 << 24
+# What it looks at first past the frames it skips, doubled up to _PEEK_SIZE as it needs more:
+# a worker asks for each call that started late, mostly with a few small frames in the socket,
+# and a peek allocates what it asks for (256 KiB is an mmap and its page faults each time).
+_PEEK_FIRST = 1 << 14
 # The largest body received in place that is kept to receive the next one into.
 _SPARE_AT_MOST = 32 << 20
 # What sys.getrefcount says of that body in _begin_body when nothing else refers to it.
@@ -271,6 +276,8 @@ class FrameStream:
         self._max = max_frame_size
         self._send_lock = anyio.Lock(fast_acquire=True)
         self.send_timeout = 30.0
+        # The last look of pending_soon: when (time.perf_counter()), for which kind, what ids.
+        self._look: tuple[float, Kind, set[int]] | None = None
 
     @property
     def max_frame_size(self) -> int:
@@ -595,14 +602,38 @@ class FrameStream:
 
         ``False`` when it cannot say: over TLS, while a read is being added to the buffer (or
         to the body being received in place), or when the frame lies beyond the first
-        :data:`_PEEK_MAX` bytes the socket holds. It looks at :data:`_PEEK_SIZE` bytes of the
-        socket past the frames it skips: the rest of a body being received in place, and
-        every frame ahead, however large (so a frame of several MiB that the socket holds
-        whole does not hide the frames behind it).
+        :data:`_PEEK_MAX` bytes the socket holds. It looks at up to :data:`_PEEK_SIZE` bytes of
+        the socket past the frames it skips (from :data:`_PEEK_FIRST`, doubled as needed):
+        the rest of a body being received in place, and every frame ahead, however large (so
+        a frame of several MiB that the socket holds whole does not hide the frames behind
+        it).
         """
+        return any(found_kind == kind and found_id == call_id
+                   for found_kind, found_id in self._ahead())
+
+    def pending_ids(self, kind: Kind) -> set[int]:
+        """The call ids of every frame of ``kind`` that :meth:`pending` would find now: one
+        look for many calls (each ``pending`` looks from the start again)."""
+        return {found_id for found_kind, found_id in self._ahead() if found_kind == kind}
+
+    def pending_soon(self, kind: Kind, call_id: int, max_age: float) -> bool:
+        """:meth:`pending`, answered from a look at most ``max_age`` seconds old when there is
+        one: calls that start in a burst share one look (each ``pending`` looks through all
+        the frames ahead again). A frame that arrived since that look is not seen, as it would
+        not have been had it come ``max_age`` seconds later; one received since was routed.
+        The event loop's thread only (it keeps the look)."""
+        now = time.perf_counter()
+        look = self._look
+        if look is None or now - look[0] > max_age or look[1] != kind:
+            look = self._look = (now, kind, self.pending_ids(kind))
+        return call_id in look[2]
+
+    def _ahead(self) -> Iterator[tuple[int, int]]:
+        """The (kind, call id) of each frame arrived and not received yet, in order, as far as
+        :meth:`pending` can tell."""
         raw = self._raw_receive
         if raw is None or self._reading:
-            return False
+            return
         body = self._body
         if body is not None:
             # The socket holds the rest of that body first, then the frames after it.
@@ -610,26 +641,27 @@ class FrameStream:
         else:
             buffer, offset = self._buffer, 0
             held = len(buffer)
-        window = max(offset - held, 0) + _PEEK_SIZE
+        reach = _PEEK_FIRST
+        window = max(offset - held, 0) + reach
         if window > _PEEK_MAX:
-            return False
+            return
         ahead = raw.peek(window)
         while True:
             header = _header_at(buffer, held, ahead, offset)
             if header is None:
                 if len(ahead) < window:
-                    return False  # the socket holds no more: that frame has not arrived
+                    return  # the socket holds no more
                 # The peek ended first: look further, within bounds.
-                window = offset - held + _PEEK_SIZE
+                reach = min(reach * 2, _PEEK_SIZE)
+                window = offset - held + reach
                 if window > _PEEK_MAX:
-                    return False
+                    return
                 ahead = raw.peek(window)
                 continue
             length, found_kind, found_id = header
-            if found_kind == kind and found_id == call_id:
-                return True
+            yield found_kind, found_id
             if length > self._max or length < ENVELOPE_OVERHEAD:
-                return False  # malformed: the receiver will say so
+                return  # malformed: the receiver will say so
             offset += _LENGTH.size + length
 
     async def _fill(self) -> None:
