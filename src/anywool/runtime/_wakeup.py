@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 
 
 class Wakeup(Protocol):
-    """Set once (further sets do nothing); awaited by one task."""
+    """Set once (further sets do nothing); awaited by one task. ``is_set()`` says whether
+    ``set()`` was called, whether or not the wait had ended first (cancelled): as
+    ``trio.Event``, so that a waiter leaving on cancellation can tell it was owed a wake-up."""
 
     def set(self) -> None: ...
 
@@ -32,19 +34,21 @@ class Wakeup(Protocol):
 
 
 class _FutureWakeup:
-    __slots__ = ("_future",)
+    __slots__ = ("_future", "_set")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._future = loop.create_future()
+        self._set = False
 
     def set(self) -> None:
+        # A wait cancelled with its task has cancelled the future already; the wake-up still
+        # counts as given (see is_set).
+        self._set = True
         if not self._future.done():
             self._future.set_result(None)
 
     def is_set(self) -> bool:
-        # A wait cancelled with its task cancels the future: that is not a wake-up.
-        future = self._future
-        return future.done() and not future.cancelled()
+        return self._set
 
     def wait(self) -> Awaitable[object]:
         return self._future
