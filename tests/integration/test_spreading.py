@@ -67,9 +67,9 @@ async def test_a_worker_held_by_a_call_is_committed_next_to_nothing_meanwhile(
     # would never answer 18 of them while the first holds.
     started, release = str(tmp_path / "started"), str(tmp_path / "release")
     done: Counter[int] = Counter()
+    holder: list[int] = []
     with anyio.fail_after(60):
         async with worker_pool(spawn=2), anyio.create_task_group() as tg:
-            holder: list[int] = []
 
             async def hold() -> None:
                 if form == "routine":
@@ -135,3 +135,45 @@ async def test_routines_that_await_overlap_many_per_worker(
                     await stream.send(b"go")
                     await stream.aclose()
     assert sum(pids.values()) == calls and len(pids) == 2, pids
+
+
+@routine
+async def nap_then_double(x: int, seconds: float) -> int:
+    await anyio.sleep(seconds)
+    return 2 * x
+
+
+async def test_calls_cancelled_while_they_wait_for_room_leave_no_wake_up_owed(
+        worker_pool: WorkerPoolFactory) -> None:
+    # With max_concurrency=1 most calls of a burst wait at the caller for a worker with room;
+    # cancelled there, at random moments (some just as room came to them), they must pass on
+    # what they were given: afterwards a burst runs to the end, and nothing is owed.
+    import random
+
+    rnd = random.Random(20)
+    with anyio.fail_after(90):
+        async with worker_pool(spawn=2, max_concurrency=1) as pool:
+            for _ in range(3):
+                with anyio.move_on_after(rnd.uniform(0.1, 0.3)):
+                    async with anyio.create_task_group() as tg:
+
+                        async def one(i: int) -> None:
+                            with anyio.move_on_after(rnd.uniform(0, 0.03)):
+                                await nap_then_double(i, rnd.uniform(0, 0.002))
+
+                        for i in range(400):
+                            tg.start_soon(one, i)
+            results: dict[int, int] = {}
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+
+                    async def keep(i: int) -> None:
+                        results[i] = await nap_then_double(i, 0)
+
+                    for i in range(200):
+                        tg.start_soon(keep, i)
+            proxy = pool.proxy
+            assert proxy is not None
+            owed = (proxy._promised, len(proxy._room_waiters), len(proxy._room_front))
+    assert results == {i: 2 * i for i in range(200)}
+    assert owed == (0, 0, 0)
