@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 import random
+import socket
 import time
 
 import anyio
@@ -20,6 +21,8 @@ from anywool.runtime import _envelope, _serializer
 from anywool.runtime._local_worker import LocalWorker
 from anywool.runtime._pool import WorkerPool
 from anywool.runtime._wire import payload_limit
+
+from ..helpers import Signal, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -101,7 +104,10 @@ def sized(size: int) -> bytes:
     return bytes(size)
 
 
-def hold(seconds: float) -> None:
+def hold(port: int, seconds: float) -> None:
+    """Say "started" on ``port``, then hold the worker's event loop ``seconds`` long."""
+    with socket.create_connection(("127.0.0.1", port)) as connection:
+        connection.sendall(b"started")
     time.sleep(seconds)
 
 
@@ -202,21 +208,27 @@ async def test_a_cancel_behind_a_large_call_still_reaches_a_routine_that_holds_t
     with anyio.fail_after(60):
         async with LocalWorker() as worker, WorkerConnection(
                 worker.address, cancel_grace=10,
-                on_unresponsive=lambda: unresponsive.append(True)) as connection:
+                on_unresponsive=lambda: unresponsive.append(True)) as connection, \
+                Signal() as held:
             sizes: list[int] = []
 
             async def held_call() -> None:
-                await connection.call(hold, (30.0,), {}, plain=True)
+                await connection.call(hold, (held.port, 30.0), {}, plain=True)
 
             async def large_call() -> None:
                 sizes.append(await connection.call(size_of, (big,), {}, plain=True))
 
+            frames = connection._frames
+            assert frames is not None
             async with anyio.create_task_group() as tg:
                 async with anyio.create_task_group() as inner:
                     inner.start_soon(held_call)
-                    await anyio.sleep(0.5)  # the worker runs hold(): its loop is held
+                    assert await held.started() == b"started"  # its loop is held from here
                     tg.start_soon(large_call)
-                    await anyio.sleep(1.0)
+                    # The large call is written whole (the sockets' buffers hold it): its
+                    # frame waits in the worker's socket, and the cancel goes behind it.
+                    await wait_until(lambda: len(connection._calls) == 2
+                                     and not frames._send_lock.locked(), "the large call sent")
                     # Cancelled, not timed out: the call's deadline (the test's) is far off,
                     # so only the cancel frame can end it.
                     started = anyio.current_time()
