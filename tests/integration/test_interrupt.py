@@ -95,11 +95,7 @@ def hold_plain(how: str, port: int, marker: str) -> None:
 @routine
 async def hold_loop(how: str, port: int, marker: str) -> None:
     """A coroutine routine that holds the loop until interrupted (never awaits)."""
-    try:
-        _tell_started(port)
-        _hold(how)
-    finally:
-        Path(marker).write_text("finally ran")
+    hold_plain(how, port, marker)
 
 
 @routine
