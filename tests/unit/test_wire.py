@@ -277,35 +277,6 @@ async def test_pending_finds_a_cancel_behind_many_small_frames() -> None:
         _close(sender, receiver)
 
 
-async def test_pending_ids_names_every_call_with_a_frame_of_that_kind_ahead() -> None:
-    frames = [Frame(Kind.CALL, 1, b"a"), Frame(Kind.CANCEL, 7), Frame(Kind.CALL, 2, b"b"),
-              Frame(Kind.CANCEL, 9), Frame(Kind.ACK, 3)]
-    sender, receiver = _socket_pair()
-    try:
-        with anyio.fail_after(10):
-            await _write_raw(sender, b"".join(encode(frame) for frame in frames))
-            assert receiver.pending_ids(Kind.CANCEL) == {7, 9}
-            assert receiver.pending_ids(Kind.CALL) == {1, 2}
-            assert receiver.pending_ids(Kind.RETURN) == set()
-    finally:
-        _close(sender, receiver)
-
-
-async def test_pending_soon_answers_from_a_recent_look_and_looks_again_after_max_age() -> None:
-    sender, receiver = _socket_pair()
-    try:
-        with anyio.fail_after(10):
-            await _write_raw(sender, encode(Frame(Kind.CANCEL, 7)))
-            assert receiver.pending_soon(Kind.CANCEL, 7, max_age=60.0)
-            await _write_raw(sender, encode(Frame(Kind.CANCEL, 8)))
-            assert not receiver.pending_soon(Kind.CANCEL, 8, max_age=60.0)  # the look before
-            assert receiver.pending(Kind.CANCEL, 8)
-            assert receiver.pending_soon(Kind.CANCEL, 8, max_age=0.0)  # too old: a new look
-            assert not receiver.pending_soon(Kind.ACK, 8, max_age=60.0)  # another kind
-    finally:
-        _close(sender, receiver)
-
-
 async def test_pending_says_no_when_the_cancel_lies_beyond_what_it_may_look_at(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_wire, "_PEEK_MAX", 512 * 1024)

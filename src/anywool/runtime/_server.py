@@ -154,11 +154,6 @@ class _ServerCall:
     def cancel_arrived(self) -> bool:
         return self.frames.pending(Kind.CANCEL, self.id)
 
-    def cancel_arrived_soon(self) -> bool:
-        """:meth:`cancel_arrived` for a call about to start, from a look shared with the
-        calls starting with it (see FrameStream.pending_soon)."""
-        return self.frames.pending_soon(Kind.CANCEL, self.id, _LOOK_AFTER)
-
     def cancel(self) -> None:
         self.cancelled = True
         self.scope.cancel()
@@ -399,7 +394,7 @@ class Server:
                 await self._reply_exception(frames, call, exc)
                 return
             waited = time.perf_counter() - call.read_at
-            if call.cancelled or (waited > _LOOK_AFTER and call.cancel_arrived_soon()):
+            if call.cancelled or (waited > _LOOK_AFTER and call.cancel_arrived()):
                 # Its caller gave it up before it started (while it loaded, say): it must not
                 # start now. Its caller withdrew it and waits for nothing; the reply is for
                 # the record. (A cancel frame that came sooner was routed already: the loop

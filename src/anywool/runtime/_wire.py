@@ -50,7 +50,6 @@ import enum
 import socket
 import struct
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -276,8 +275,6 @@ class FrameStream:
         self._max = max_frame_size
         self._send_lock = anyio.Lock(fast_acquire=True)
         self.send_timeout = 30.0
-        # The last look of pending_soon: when (time.perf_counter()), for which kind, what ids.
-        self._look: tuple[float, Kind, set[int]] | None = None
 
     @property
     def max_frame_size(self) -> int:
@@ -610,23 +607,6 @@ class FrameStream:
         """
         return any(found_kind == kind and found_id == call_id
                    for found_kind, found_id in self._ahead())
-
-    def pending_ids(self, kind: Kind) -> set[int]:
-        """The call ids of every frame of ``kind`` that :meth:`pending` would find now: one
-        look for many calls (each ``pending`` looks from the start again)."""
-        return {found_id for found_kind, found_id in self._ahead() if found_kind == kind}
-
-    def pending_soon(self, kind: Kind, call_id: int, max_age: float) -> bool:
-        """:meth:`pending`, answered from a look at most ``max_age`` seconds old when there is
-        one: calls that start in a burst share one look (each ``pending`` looks through all
-        the frames ahead again). A frame that arrived since that look is not seen, as it would
-        not have been had it come ``max_age`` seconds later; one received since was routed.
-        The event loop's thread only (it keeps the look)."""
-        now = time.perf_counter()
-        look = self._look
-        if look is None or now - look[0] > max_age or look[1] != kind:
-            look = self._look = (now, kind, self.pending_ids(kind))
-        return call_id in look[2]
 
     def _ahead(self) -> Iterator[tuple[int, int]]:
         """The (kind, call id) of each frame arrived and not received yet, in order, as far as
