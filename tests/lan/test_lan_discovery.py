@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 import warnings
 from contextlib import aclosing
@@ -472,4 +473,139 @@ async def test_a_pools_secret_signs_and_verifies_its_lan_records(lan_namespace):
                     seen.append((await verified.receive()).metadata.uid)
                 assert forged.uid not in seen
                 assert connections == 0  # nobody dialed the forged address
+            tg.cancel_scope.cancel()
+
+
+def _forgeries(namespace: str, genuine, count: int) -> tuple[str, str, list[bytes]]:
+    """The service type, the genuine worker's instance name, and ``count`` TXT records for that
+    name that do not verify with SECRET: other metadata (another address, a forged tag), a
+    higher sequence number, alternately unsigned and signed with another secret."""
+    type_ = _service.service_type(namespace)
+    digest = _service.namespace_digest(namespace)
+    name = _service.instance_name(type_, genuine.uid)
+    records = []
+    for index in range(count):
+        forged = worker(f"10.213.0.66:{5000 + index}", uid=genuine.uid, tags={f"forged-{index}"})
+        secret = None if index % 2 else b"not the secret, though 16+ bytes"
+        records.append(_service.encode_txt(type_, name, digest, forged.to_bytes(), secret,
+                                           sequence=1000 + index))
+    return type_, name, records
+
+
+def _forge_repeatedly(type_: str, name: str, records: list[bytes],
+                      stop: threading.Event | None = None) -> None:
+    """From a raw zeroconf (no anywool): register ``name`` with the first of ``records``, then
+    announce the others in turn as updates of it, :data:`FORGERY_PAUSE` seconds apart, once
+    through or (with ``stop``) round and round until ``stop`` is set; then unregister it,
+    which sends goodbyes for the name's PTR, SRV and TXT.
+
+    zeroconf announces each record three times 225 ms apart with the cache-flush bit, so the
+    first of them makes every cache mark the genuine record to expire within a second (RFC 6762
+    §10.2); the pause lets it expire (a record flushed again and again would be revived by
+    each flush).
+    """
+    from zeroconf import ServiceInfo, Zeroconf
+
+    def info(txt: bytes) -> ServiceInfo:
+        return ServiceInfo(type_, name, port=4242, properties=txt, host_ttl=10, other_ttl=10,
+                           parsed_addresses=["10.213.0.66"], server="forger.local.")
+
+    quiet = stop or threading.Event()
+    zc = Zeroconf(interfaces=LO)
+    try:
+        current = info(records[0])
+        zc.register_service(current, cooperating_responders=True)
+        index = 1
+        while (index < len(records)) if stop is None else not stop.is_set():
+            if quiet.wait(FORGERY_PAUSE):  # the forger's rhythm (set: stop now)
+                break
+            current = info(records[index % len(records)])
+            zc.update_service(current)
+            index += 1
+        zc.unregister_service(current)
+    finally:
+        zc.close()
+
+
+#: Seconds between two forged announcements: past the second a flushed genuine record has
+#: left, and a poll of the subscriber's source.
+FORGERY_PAUSE = 1.6
+
+
+async def _forged_update_seen(everything) -> None:
+    """Wait until a subscriber without a secret (it accepts every record) takes a forged
+    record: the forgeries are on the wire and in every cache."""
+    while not any(tag.startswith("forged-") for tag in (await everything.receive()).metadata.tags):
+        pass
+
+
+def _rare_refreshes(monkeypatch) -> None:
+    """Refresh the genuine records every 8 s rather than 2.5 s (still within their TTL of
+    10 s): a genuine record that a forged one cut short is not soon replaced by a refresh."""
+    from anywool.discovery.lan import _announcer
+
+    assert _announcer.RECORD_TTL > 8
+    monkeypatch.setattr(_announcer, "REFRESH_INTERVAL", 8.0)
+
+
+async def test_forged_records_under_a_live_workers_name_change_nothing(lan_namespace,
+                                                                       monkeypatch):
+    # Each forged record, sent with the cache-flush bit, makes zeroconf expire the genuine
+    # record within a second (RFC 6762 §10.2), and the forger's goodbyes remove the name's PTR:
+    # the subscriber keeps the last verified record, so neither drops nor changes the worker.
+    _rare_refreshes(monkeypatch)
+    genuine = routable()
+    type_, name, forged = _forgeries(lan_namespace, genuine, 5)
+    with anyio.fail_after(40):
+        async with LanDiscovery.Publisher(lan_namespace, interfaces=LO,
+                                          secret=SECRET) as publisher, \
+                anyio.create_task_group() as tg:
+            await publisher.publish("worker-added", genuine)
+            subscriber = LanDiscovery.Subscriber(lan_namespace, interfaces=LO, secret=SECRET)
+            verified = await follow(tg, subscriber)
+            everything = await follow(tg, LanDiscovery.Subscriber(lan_namespace, interfaces=LO))
+            assert await take(verified, 1) == [("worker-added", genuine.uid)]
+            assert await take(everything, 1) == [("worker-added", genuine.uid)]
+            # Five forgeries over about eight seconds, then the forger's goodbyes.
+            await anyio.to_thread.run_sync(_forge_repeatedly, type_, name, forged)
+            await _forged_update_seen(everything)
+            # Through the forgeries, and past the second after the last one (when a flushed
+            # record would have expired) and a poll: no event at all.
+            with anyio.move_on_after(3):
+                event = await verified.receive()
+                pytest.fail(f"a forged record caused a {event.type} of {event.metadata}")
+            late = await follow(tg, subscriber)  # the view itself: the genuine worker, as it was
+            event = await late.receive()
+            assert event.type == "worker-added" and event.metadata.same_as(genuine)
+            tg.cancel_scope.cancel()
+
+
+async def test_a_withdrawal_is_seen_while_forged_records_flush_the_genuine_one(lan_namespace,
+                                                                              monkeypatch):
+    # zeroconf delivers a goodbye only for a record it caches: the genuine record that forged
+    # ones flushed must still be cached, with its own lifetime, when its goodbye comes.
+    _rare_refreshes(monkeypatch)
+    genuine = routable()
+    type_, name, forged = _forgeries(lan_namespace, genuine, 4)
+    stop = threading.Event()
+    with anyio.fail_after(40):
+        async with LanDiscovery.Publisher(lan_namespace, interfaces=LO,
+                                          secret=SECRET) as publisher, \
+                anyio.create_task_group() as tg:
+            try:
+                await publisher.publish("worker-added", genuine)
+                verified = await follow(tg, LanDiscovery.Subscriber(lan_namespace, interfaces=LO,
+                                                                    secret=SECRET))
+                everything = await follow(tg, LanDiscovery.Subscriber(lan_namespace,
+                                                                      interfaces=LO))
+                assert await take(verified, 1) == [("worker-added", genuine.uid)]
+                tg.start_soon(anyio.to_thread.run_sync, _forge_repeatedly, type_, name, forged,
+                              stop)
+                await _forged_update_seen(everything)
+                await _forged_update_seen(everything)  # a second round of forged records
+                await publisher.publish("worker-dropped", genuine)
+                with anyio.fail_after(2):  # goodbyes, not the record's expiry
+                    assert await take(verified, 1) == [("worker-dropped", genuine.uid)]
+            finally:
+                stop.set()
             tg.cancel_scope.cancel()

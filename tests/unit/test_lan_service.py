@@ -228,3 +228,70 @@ def test_a_record_that_does_not_verify_says_what_address_it_claims(signing):
     with pytest.raises(_service.UnverifiedRecord) as info:
         decode(name, data)
     assert info.value.address == "10.0.0.7:4000"
+
+
+def _flushed(name: str, created: float):
+    """A zeroconf cache that took a TXT record of ``name`` at ``created`` (ms, TTL 10 s), then,
+    5 s later, another record of the name with the cache-flush bit (RFC 6762 §10.2): zeroconf's
+    own steps for such a packet."""
+    from zeroconf import DNSCache, DNSText
+    from zeroconf.const import _CLASS_IN, _CLASS_UNIQUE, _TYPE_TXT
+
+    cache = DNSCache()
+    cache.async_add_records([DNSText(name, _TYPE_TXT, _CLASS_IN | _CLASS_UNIQUE, 10,
+                                     b"genuine", created=created)])
+    now = created + 5000
+    forged = DNSText(name, _TYPE_TXT, _CLASS_IN | _CLASS_UNIQUE, 10, b"forged", created=now)
+    cache.async_mark_unique_records_older_than_1s_to_expire({(name, _TYPE_TXT, _CLASS_IN)},
+                                                            [forged], now)
+    cache.async_add_records([forged])
+    return cache
+
+
+def _expiries(cache, name: str) -> dict[bytes, float]:
+    from zeroconf.const import _CLASS_IN, _TYPE_TXT
+
+    return {record.text: record.get_expiration_time(100)
+            for record in cache.async_all_by_details(name, _TYPE_TXT, _CLASS_IN)}
+
+
+def test_a_held_record_that_a_cache_flush_cut_short_is_put_back_with_its_own_lifetime():
+    from types import SimpleNamespace
+
+    from anywool.discovery.lan import _zeroconf
+
+    name, created = _service.instance_name(TYPE, uuid.uuid4()), 1_000_000.0
+    cache = _flushed(name, created)
+    assert _expiries(cache, name) == {b"genuine": created + 6000, b"forged": created + 15000}
+    listener = _zeroconf.GoodbyeListener(TYPE, lambda: None)
+    _zeroconf.restore_txt(SimpleNamespace(cache=cache), listener,
+                          [(name, (created, 10, b"genuine"))])
+    assert _expiries(cache, name) == {b"genuine": created + 10000, b"forged": created + 15000}
+
+
+def test_a_record_withdrawn_by_its_goodbye_is_never_put_back():
+    from types import SimpleNamespace
+
+    from zeroconf import DNSText, RecordUpdate
+    from zeroconf.const import _CLASS_IN, _CLASS_UNIQUE, _TYPE_TXT
+
+    from anywool.discovery.lan import _zeroconf
+
+    woken = []
+    listener = _zeroconf.GoodbyeListener(TYPE, lambda: woken.append(True))
+    name, created = _service.instance_name(TYPE, uuid.uuid4()), 1_000_000.0
+    # A goodbye waiting in the listener: the record stays as the flush left it.
+    cache = _flushed(name, created)
+    goodbye = DNSText(name, _TYPE_TXT, _CLASS_IN | _CLASS_UNIQUE, 0, b"genuine")
+    listener.async_update_records(None, created + 5500, [RecordUpdate(goodbye, None)])
+    listener.async_update_records_complete()
+    assert woken == [True] and listener.goodbyes == [(name, b"genuine")]
+    _zeroconf.restore_txt(SimpleNamespace(cache=cache), listener,
+                          [(name, (created, 10, b"genuine"))])
+    assert _expiries(cache, name)[b"genuine"] == created + 6000
+    # A record gone from the cache (its goodbye removed it) does not come back either.
+    cache.async_remove_records([goodbye])
+    listener.goodbyes.clear()
+    _zeroconf.restore_txt(SimpleNamespace(cache=cache), listener,
+                          [(name, (created, 10, b"genuine"))])
+    assert b"genuine" not in _expiries(cache, name)

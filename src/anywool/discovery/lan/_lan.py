@@ -364,8 +364,10 @@ class LanDiscovery(Discovery, SingleUse):
 
         Every ``async for`` yields ``worker-added`` for each worker known, then every change:
         ``worker-updated`` only when some field changed, ``worker-dropped`` when a publisher
-        withdraws a worker (within about a second), when a worker's records expire (its host
-        died: within about 10 s) or when its record stops verifying. All iterations in one
+        withdraws a worker (within about a second), or when the last record of a worker that
+        verified expires (its host died, or announces it only unverified: within about 10 s).
+        Records that do not verify change nothing, also for a worker known (see
+        :mod:`anywool.discovery.lan._source`). All iterations in one
         process over the same namespace, interfaces and secret share one zeroconf browser; each
         has its own bounded buffer (a consumer that falls far behind is resynchronised with the
         net change). A fresh browser learns the LAN's workers within about 0.1 s, at worst

@@ -6,17 +6,27 @@ late joiners, and stops it with its last consumer. What it adds is what it follo
 ``Zeroconf`` with an ``AsyncServiceBrowser`` for the namespace's service type, made when the
 first iteration attaches (in that iteration's worker thread) and closed when the source's
 thread ends. The browser's callbacks (in zeroconf's loop thread) only write a byte to a hint
-pipe; the source's thread wakes on it, or every :data:`POLL_INTERVAL` seconds, reads the
-unexpired TXT records of the service type from zeroconf's cache, keeps those that verify, and
-hands the difference from its view to every consumer.
+pipe; the source's thread wakes on it, or every :data:`POLL_INTERVAL` seconds, reads the TXT
+records of the service type from zeroconf's cache, and hands the difference from its view to
+every consumer.
+
+The view is the verified record the source holds for each instance name, not what the cache
+shows: a record that does not verify changes nothing, not even for a name held. zeroconf's cache
+obeys the mDNS cache flush (RFC 6762 §10.2): any record of a name sent with the cache-flush bit,
+a forged one too, marks the cached record to expire within a second, and anyone may send a
+goodbye for a name's PTR. So a held record leaves only on its publisher's goodbye (a TXT goodbye
+of its very data, which a :class:`~._zeroconf.GoodbyeListener` collects), when its own TTL from
+its latest announcement runs out, or for a verified record with a higher sequence number; the
+source puts a held record that a flush cut short back into the cache with its own lifetime
+(:func:`~._zeroconf.restore_txt`), so that its goodbye is still delivered.
 
 Sources are keyed by the namespace's service type, the interfaces and the secret, so that
 iterations with different secrets never share what they accept. The key holds a digest of the
 interfaces and the secret made with a random salt of this process: it tells keys apart without
 saying anything about the secret, also to whoever reads :func:`anywool.lowlevel.discovery_stats`.
 
-What this module must never do: block zeroconf's loop (its callbacks only write to a pipe), or
-touch zeroconf from an event loop's thread.
+What this module must never do: block zeroconf's loop (its callbacks only append to a list and
+write to a pipe), or touch zeroconf from an event loop's thread.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import os
 import secrets
 import threading
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 from uuid import UUID
 
 from zeroconf import Zeroconf
@@ -58,6 +69,20 @@ def source_key(namespace: str, interfaces: tuple[str | int, ...] | None,
     return (f"lan-{type_hash}-{variant.hexdigest()}", POLL_INTERVAL)
 
 
+class _Held(NamedTuple):
+    """The verified record a source holds for an instance name, from its latest sighting."""
+
+    sequence: int
+    created: float  # milliseconds of zeroconf's clock, of the sighting that set ``expires``
+    ttl: int  # seconds
+    data: bytes
+    metadata: WorkerMetadata
+
+    @property
+    def expires(self) -> float:
+        return self.created + self.ttl * 1000
+
+
 class LanSource(_hub._Source):
     """One browsed LAN namespace shared by every consumer in this process (see the module)."""
 
@@ -75,6 +100,9 @@ class LanSource(_hub._Source):
         # reused at once by any file of the process).
         self._hint_lock = threading.Lock()
         self._hint_r = self._hint_w = -1
+        self.listener: _zeroconf.GoodbyeListener | None = None
+        # The verified record held for each instance name (lower case): see _refresh.
+        self._held: dict[str, _Held] = {}
         # What each (instance, TXT data) decoded to last round, with its sequence number:
         # records are re-read every round, but decoded and verified once.
         self._decoded: dict[tuple[str, bytes], tuple[int, WorkerMetadata] | None] = {}
@@ -94,6 +122,8 @@ class LanSource(_hub._Source):
         os.set_blocking(self._hint_r, False)
         os.set_blocking(self._hint_w, False)
         self.zc = zc = _zeroconf.open_zeroconf(self.interfaces)
+        self.listener = listener = _zeroconf.GoodbyeListener(self.type, self._on_change)
+        _zeroconf.call(zc, zc.async_add_listener, listener, None)
         self.browser = _zeroconf.call(
             zc, lambda: AsyncServiceBrowser(zc, self.type, handlers=[self._on_change]))
         return []
@@ -121,30 +151,74 @@ class LanSource(_hub._Source):
 
     def _refresh(self, probe: bool = False,
                  checkpoint: Callable[[], None] | None = None) -> list[DiscoveryEvent]:
-        zc = self.zc
-        if zc is None:
+        zc, listener = self.zc, self.listener
+        if zc is None or listener is None:
             return []
-        records = _zeroconf.call(zc, _zeroconf.txt_records, zc, self.type)
+        now, goodbyes, records = _zeroconf.call(zc, _zeroconf.txt_records, zc, self.type,
+                                                listener, self._held)
         self.scans += 1
+        withdrawn = set(goodbyes)
         decoded: dict[tuple[str, bytes], tuple[int, WorkerMetadata] | None] = {}
-        view: dict[UUID, WorkerMetadata] = {}
+        held: dict[str, _Held] = {}
+        flushed: list[tuple[str, _zeroconf.TxtRecord]] = []
         unverified: str | None = None
         for name, texts in records:
-            # Of the records that check out, the latest change (the highest sequence number):
-            # not the latest to arrive, since a cache flush can revive a superseded record.
-            best: tuple[int, float] | None = None
-            for created, data in texts:
+            current = self._held.get(name)
+            floor = -1  # records of this sequence number or lower are not taken
+            if current is not None and (name, current.data) in withdrawn:
+                # Its publisher's goodbye: gone, and no record it superseded comes back.
+                current, floor = None, current.sequence
+            if current is not None:
+                current = self._sighted(name, current, texts, flushed)
+                if current.expires <= now:
+                    current = None  # its TTL ran out: its publisher is gone
+            # The record held stays until its goodbye, its TTL, or a verified record of a later
+            # change (a higher sequence number: a cache flush can revive a superseded record,
+            # and a replayed one must not undo a change). What does not verify changes nothing.
+            best = current
+            for created, ttl, data in texts:
+                if created + ttl * 1000 <= now or (current is not None
+                                                   and data == current.data):
+                    continue
                 found = self._decode(name, data, decoded)
-                if found is not None and (best is None or (found[0], created) > best):
-                    best = (found[0], created)
-                    view[found[1].uid] = found[1]
-                elif found is None and unverified is None:
-                    unverified = self._unverified.get((name, data))
+                if found is None:
+                    if unverified is None:
+                        unverified = self._unverified.get((name, data))
+                elif found[0] > floor and (best is None or (found[0], created) >
+                                           (best.sequence, best.created)):
+                    best = _Held(found[0], created, ttl, data, found[1])
+            if best is not None:
+                held[name] = best
+        if flushed:
+            log.debug("putting back %d verified LAN records of namespace %r that another "
+                      "record flushed from the cache", len(flushed), self.namespace)
+            _zeroconf.call(zc, _zeroconf.restore_txt, zc, listener, flushed)
+        self._held = held
         self._decoded = decoded
         self._unverified = {key: where for key, where in self._unverified.items()
                             if key in decoded}
         self.unverified = unverified
+        view: dict[UUID, WorkerMetadata] = {}
+        for record in held.values():
+            view.setdefault(record.metadata.uid, record.metadata)
         return self._deliver(_view.diff(self.view, view), view)
+
+    @staticmethod
+    def _sighted(name: str, current: _Held, texts: list[_zeroconf.TxtRecord],
+                 flushed: list[tuple[str, _zeroconf.TxtRecord]]) -> _Held:
+        """``current`` as the cache shows it now: refreshed if its publisher announced it
+        again (a later expiry), unchanged if not; and noted in ``flushed`` if the cache cut
+        its life short (a cache flush by another record of its name: see
+        :func:`_zeroconf.restore_txt`)."""
+        for created, ttl, data in texts:
+            if data != current.data:
+                continue
+            expires = created + ttl * 1000
+            if expires > current.expires:
+                return _Held(current.sequence, created, ttl, data, current.metadata)
+            if expires < current.expires:
+                flushed.append((name, (current.created, current.ttl, data)))
+        return current
 
     def _decode(self, name: str, data: bytes,
                 decoded: dict[tuple[str, bytes], tuple[int, WorkerMetadata] | None]
@@ -178,6 +252,7 @@ class LanSource(_hub._Source):
     def _release(self) -> None:
         zc, self.zc = self.zc, None
         browser, self.browser = self.browser, None
+        self.listener = None
         if self.forgotten:  # the lock may have been held by a thread the child does not have
             self._hint_lock = threading.Lock()
         if zc is not None and not self.forgotten:  # a forked child has no loop thread to ask

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
 
-from zeroconf import InterfaceChoice, Zeroconf
+from zeroconf import DNSText, InterfaceChoice, RecordUpdateListener, Zeroconf
 from zeroconf._utils.time import current_time_millis
-from zeroconf.const import _CLASS_IN, _TYPE_PTR, _TYPE_TXT
+from zeroconf.const import _CLASS_IN, _CLASS_UNIQUE, _TYPE_PTR, _TYPE_TXT
 
 T = TypeVar("T")
 
@@ -109,23 +109,89 @@ def close(zc: Zeroconf) -> None:
     zc.close()
 
 
-def txt_records(zc: Zeroconf, type_: str) -> list[tuple[str, list[tuple[float, bytes]]]]:
-    """In ``zc``'s loop (see :func:`call`): every instance of ``type_`` that the cache holds an
-    unexpired PTR for, with its unexpired TXT records as ``(created, data)`` pairs.
+class GoodbyeListener(RecordUpdateListener):
+    """Collects, in zeroconf's loop, the goodbyes (TTL 0) of TXT records of one service type's
+    instances, as ``(instance name in lower case, TXT data)``, for :func:`txt_records` to hand
+    over; ``on_goodbye`` (which must not block) is called after a packet that brought any.
 
-    Expiry is checked here, against each record's own TTL, rather than left to zeroconf's cache
-    cleanup, which runs only every 10 s.
+    A goodbye is the only way a publisher withdraws a record before its TTL, and its TXT data
+    must be the withdrawn record's own: zeroconf removes a cached record on a goodbye of the
+    same data at once, and delivers the goodbye to listeners only while it caches that record.
+    """
+
+    #: Goodbyes kept between two reads; a flood beyond it is dropped (the records withdrawn
+    #: then leave at their TTL).
+    LIMIT = 10_000
+
+    def __init__(self, type_: str, on_goodbye: Callable[[], None]) -> None:
+        self._suffix = "." + type_.lower()
+        self._on_goodbye = on_goodbye
+        self.goodbyes: list[tuple[str, bytes]] = []
+        self._fresh = False
+
+    def async_update_records(self, zc: Zeroconf, now: float, records: list[Any]) -> None:
+        for update in records:
+            record = update.new
+            if (record.type == _TYPE_TXT and record.ttl == 0
+                    and record.name.lower().endswith(self._suffix)
+                    and len(self.goodbyes) < self.LIMIT):
+                self.goodbyes.append((record.name.lower(), record.text))
+                self._fresh = True
+
+    def async_update_records_complete(self) -> None:
+        if self._fresh:
+            self._fresh = False
+            self._on_goodbye()
+
+
+#: One TXT record as :func:`txt_records` reports it: ``(created, ttl, data)``, ``created`` in
+#: milliseconds of zeroconf's monotonic clock, ``ttl`` in seconds.
+TxtRecord = tuple[float, int, bytes]
+
+
+def txt_records(zc: Zeroconf, type_: str, listener: GoodbyeListener, names: Iterable[str]
+                ) -> tuple[float, list[tuple[str, bytes]], list[tuple[str, list[TxtRecord]]]]:
+    """In ``zc``'s loop (see :func:`call`): the time, the goodbyes ``listener`` collected since
+    the last call, and the TXT records the cache holds (expired ones included) of every
+    instance of ``type_`` it holds an unexpired PTR for and of every one of ``names`` (names in
+    lower case; a name with no record comes with an empty list).
+
+    Expiry is left to the caller, against each record's own TTL, rather than to zeroconf's
+    cache cleanup, which runs only every 10 s.
     """
     cache = zc.cache
     now = current_time_millis()
-    found = []
+    goodbyes, listener.goodbyes = listener.goodbyes, []
+    wanted = dict.fromkeys(name.lower() for name in names)
     for pointer in cache.async_all_by_details(type_, _TYPE_PTR, _CLASS_IN):
-        if pointer.is_expired(now):
+        if not pointer.is_expired(now):
+            wanted.setdefault(pointer.alias.lower())  # type: ignore[attr-defined]
+    found = [(name, [(record.created, record.ttl, record.text)  # type: ignore[attr-defined]
+                     for record in cache.async_all_by_details(name, _TYPE_TXT, _CLASS_IN)])
+             for name in wanted]
+    return now, goodbyes, found
+
+
+def restore_txt(zc: Zeroconf, listener: GoodbyeListener,
+                records: Iterable[tuple[str, TxtRecord]]) -> None:
+    """In ``zc``'s loop: put back with its own lifetime each TXT record ``(name, (created, ttl,
+    data))`` that the cache still holds with an earlier expiry, unless a goodbye for it is
+    waiting in ``listener``.
+
+    Another record of the name arriving with the cache-flush bit makes zeroconf mark the
+    cached one to expire within a second (RFC 6762 §10.2). For a record a subscriber holds
+    verified that other record is a forgery, or an older record replayed: putting it back
+    keeps the cache's TTL the record's own, and keeps the record cached so that zeroconf still
+    delivers its publisher's goodbye (it delivers a goodbye only for a record it caches).
+    """
+    cache = zc.cache
+    pending = set(listener.goodbyes)
+    for name, (created, ttl, data) in records:
+        if (name, data) in pending:
             continue
-        name = pointer.alias  # type: ignore[attr-defined]
-        texts = [(record.created, record.text)  # type: ignore[attr-defined]
-                 for record in cache.async_all_by_details(name, _TYPE_TXT, _CLASS_IN)
-                 if not record.is_expired(now)]
-        if texts:
-            found.append((name, texts))
-    return found
+        for record in cache.async_all_by_details(name, _TYPE_TXT, _CLASS_IN):
+            if (record.text == data  # type: ignore[attr-defined]
+                    and record.created + record.ttl * 1000 < created + ttl * 1000):
+                cache.async_add_records([DNSText(record.name, _TYPE_TXT,
+                                                 _CLASS_IN | _CLASS_UNIQUE, ttl, data,
+                                                 created=created)])
