@@ -229,19 +229,19 @@ async def test_a_worker_out_of_descriptors_waits_for_some_and_goes_on_serving(
 
 
 async def test_a_flood_of_unauthenticated_peers_holds_a_bounded_number_of_descriptors() -> None:
-    from anywool.runtime._worker import MAX_HANDSHAKES
+    from anywool.runtime._gatekeeper import MAX_PENDING_HANDSHAKES
 
     with anyio.fail_after(60):
         async with LocalWorker(host="127.0.0.1", secret=SECRET) as worker, WorkerConnection(
                 worker.address, credentials=Credentials(SECRET)) as good:
             process = psutil.Process(worker.pid)
             before = process.num_fds()
-            silent = [await _connect(worker.address) for _ in range(MAX_HANDSHAKES + 40)]
+            silent = [await _connect(worker.address) for _ in range(MAX_PENDING_HANDSHAKES + 40)]
             try:
-                await wait_until(lambda: process.num_fds() >= before + MAX_HANDSHAKES,
-                                 "the worker to take as many handshakes as it runs at once")
-                # The others wait in the kernel's backlog, not in the worker's descriptors.
-                assert process.num_fds() <= before + MAX_HANDSHAKES + 2
+                await wait_until(lambda: process.num_fds() >= before + MAX_PENDING_HANDSHAKES,
+                                 "the worker to take as many handshakes as it keeps pending")
+                # The newest replaced the oldest: the worker holds no more than its bound.
+                assert process.num_fds() <= before + MAX_PENDING_HANDSHAKES
                 assert await good.call(double.__wrapped__, (5,), {}) == 10
             finally:
                 for stream in silent:

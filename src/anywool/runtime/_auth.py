@@ -87,9 +87,11 @@ __all__ = [
     "MutualTLS",
     "authenticate_client",
     "authenticate_server",
+    "peer_address",
 ]
 
-#: Seconds a peer has to complete authentication (TLS included), from connect or accept.
+#: Seconds a client gives authentication (TLS included) from connect, by default. A worker gives
+#: its peers less, from accept: see :data:`anywool.runtime._gatekeeper.PENDING_HANDSHAKE_TIMEOUT`.
 HANDSHAKE_TIMEOUT: float = 5.0
 
 VERSION = 1
@@ -415,8 +417,8 @@ async def authenticate_client(
         with anyio.move_on_after(timeout):
             return await _client(stream, credentials, server_hostname, address)
         raise WorkerError(address, f"did not complete the authentication handshake within "
-                                   f"{timeout:g} s (its event loop may be blocked, or all its "
-                                   f"handshake places taken by other peers)")
+                                   f"{timeout:g} s (its event loop may be blocked or "
+                                   f"overloaded)")
     except _Failed as exc:
         await anyio.aclose_forcefully(stream)
         raise AuthenticationError(address, exc.reason) from exc.__cause__
@@ -458,7 +460,7 @@ async def authenticate_server(
     On any exception, cancellation included, ``stream`` is closed (forcefully) before it
     propagates. Cancellation: safe at any point.
     """
-    peer = _peer(stream)  # while the socket is open
+    peer = peer_address(stream)  # while the socket is open
     try:
         _check(credentials, timeout)
         with anyio.move_on_after(timeout):
@@ -653,7 +655,7 @@ async def _read(channel: ByteStream, size: int, gone: str) -> bytes:
     return data
 
 
-def _peer(stream: ByteStream) -> str:
+def peer_address(stream: ByteStream) -> str:
     """The peer's address as ``"host:port"`` (``"unknown peer"`` when not an IP socket)."""
     try:
         remote = stream.extra(SocketAttribute.remote_address)

@@ -7,7 +7,9 @@ can dispatch; the directory is locked for the worker's life, see
 and prints its address as one line on stdout. A frame is pickled code, so a TCP listener
 authenticates every peer before it reads a frame (:mod:`anywool.runtime._auth`), with the secret
 its parent handed it (or ``$ANYWOOL_SECRET``) and/or mutual TLS (``--tls-cert``, ``--tls-key``,
-``--tls-ca``); without credentials it refuses to listen on TCP. Bound to the wildcard
+``--tls-ca``); without credentials it refuses to listen on TCP. At most 256 handshakes are
+pending at once, 2 s each, the oldest dropped for a newcomer
+(:mod:`anywool.runtime._gatekeeper`). Bound to the wildcard
 (``0.0.0.0`` or ``::``) it announces a routable address of this host
 (:func:`anywool._interfaces.routable_host`). Everything it prints afterwards (including routines'
 ``print``) goes to stderr, so the pipe its parent reads can never fill up and block it.
@@ -44,7 +46,6 @@ import argparse
 import functools
 import json
 import logging
-import math
 import os
 import select
 import signal
@@ -62,14 +63,13 @@ from anyio.streams.stapled import MultiListener
 from anywool import _interfaces, _secret
 from anywool._address import Address
 from anywool._errno import exhausted
-from anywool.errors import AuthenticationError
 from anywool.runtime import _interrupt, _lifeline, _socket, _socket_dir
 from anywool.runtime import _serializer as serializer
 from anywool.runtime._nested import NestedProxies, idle_timeout_from_environment
 from anywool.runtime._server import REPLY_TIMEOUT, STOP_TAIL, Server
 
 if TYPE_CHECKING:  # imported when needed: authentication only when there are credentials
-    from anywool.runtime import _auth
+    from anywool.runtime import _auth, _gatekeeper
 
 log = logging.getLogger("anywool.worker")
 
@@ -83,10 +83,6 @@ PARENT_PID_ENV = "ANYWOOL_WORKER_PARENT_PID"
 _ORPHAN_GRACE = 5.0
 # Seconds between tries to accept a connection while the process is out of descriptors.
 _ACCEPT_BACKOFF = 0.1
-#: The most peers a TCP worker authenticates at once; more wait in the kernel's backlog.
-MAX_HANDSHAKES = 64
-# Seconds between two log lines about refused peers (the others are counted in the next).
-_LOG_EVERY = 60.0
 #: The largest ``--max-concurrency``.
 MAX_CONCURRENCY = 1 << 20
 _ORPHANED_EXIT_CODE = 70
@@ -149,66 +145,20 @@ def _sockets(listener: Listener[ByteStream]) -> list[SocketListener]:
     return [cast(SocketListener, listener)]
 
 
-class _Gatekeeper:
-    """Authenticates each TCP peer before its connection is served, a bounded number at a time.
-
-    At most :data:`MAX_HANDSHAKES` handshakes run at once; the accept loop takes a place before
-    it accepts, so a flood of peers that never authenticate waits in the kernel's backlog rather
-    than holding the worker's descriptors (each waits at most the handshake timeout, 5 s). A
-    refused peer is closed before any of its frames is read. Refusals are logged once per
-    :data:`_LOG_EVERY` seconds with a count, so that peers cannot fill the log.
-    """
-
-    def __init__(self, credentials: _auth.Credentials, address: str) -> None:
-        self.credentials = credentials
-        self.address = address
-        self.places = anyio.Semaphore(MAX_HANDSHAKES)
-        self._refused = 0
-        self._logged_at = -math.inf
-
-    def wrap(self, handler: Callable[[ByteStream], Coroutine[Any, Any, None]]
-             ) -> Callable[[ByteStream], Coroutine[Any, Any, None]]:
-        from anywool.runtime import _auth
-
-        async def handle(stream: ByteStream) -> None:
-            try:
-                stream = await _auth.authenticate_server(stream, self.credentials,
-                                                         address=self.address)
-            except AuthenticationError as exc:
-                self._refuse(exc)
-                return
-            finally:
-                self.places.release()  # taken by the accept loop
-            await handler(stream)
-
-        return handle
-
-    def _refuse(self, exc: AuthenticationError) -> None:
-        self._refused += 1
-        now = time.monotonic()
-        if now - self._logged_at >= _LOG_EVERY:
-            more = (f" ({self._refused - 1} more refused in the last {_LOG_EVERY:.0f} s)"
-                    if self._refused > 1 else "")
-            log.warning("refused a connection from %s: %s%s", exc.address, exc.reason, more)
-            self._logged_at, self._refused = now, 0
-        else:
-            log.debug("refused a connection from %s: %s", exc.address, exc.reason)
-
-
 async def _accept(listener: SocketListener,
                   handler: Callable[[ByteStream], Coroutine[Any, Any, None]],
-                  handlers: TaskGroup, places: anyio.Semaphore | None = None) -> None:
+                  handlers: TaskGroup, gate: _gatekeeper.Gatekeeper | None = None) -> None:
     # Handlers run in ``handlers``, each on a connection of our own (_socket.SocketStream: anyio
     # listens and binds, we accept). Closing the listener (_close_listener) stops accepting,
     # nothing else. Out of descriptors or memory, the worker waits for some to be freed (the
-    # pending client stays in the backlog) and goes on serving what it has. With ``places``,
-    # it takes one before each accept; the handler gives it back.
+    # pending client stays in the backlog) and goes on serving what it has. With ``gate``, each
+    # connection authenticates first, within the gate's bounds (runtime._gatekeeper).
     sock = listener.extra(SocketAttribute.raw_socket)
     warned = False
     while True:
-        if places is not None:
-            await places.acquire()
         try:
+            if gate is not None:
+                await gate.make_room(sock)
             stream = await _socket.accept(sock)
         except anyio.ClosedResourceError:
             return
@@ -216,8 +166,6 @@ async def _accept(listener: SocketListener,
             cause = exc
             if not exhausted(cause):
                 raise
-            if places is not None:
-                places.release()
             if not warned:
                 log.warning("cannot accept a connection (%s); trying again every %s s",
                             cause, _ACCEPT_BACKOFF)
@@ -225,7 +173,10 @@ async def _accept(listener: SocketListener,
             await anyio.sleep(_ACCEPT_BACKOFF)
             continue
         warned = False
-        handlers.start_soon(handler, stream)
+        if gate is not None:
+            gate.admit(stream, handlers)
+        else:
+            handlers.start_soon(handler, stream)
 
 
 async def _close_listener(listener: Listener[ByteStream]) -> None:
@@ -278,13 +229,14 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
             interrupter.install()
             main_tg.start_soon(interrupter.heartbeat)
             async with anyio.create_task_group() as serving:
-                handler, places = worker.handle, None
+                gate = None
                 if not announced.is_unix:
+                    from anywool.runtime import _gatekeeper
+
                     assert credentials is not None
-                    gate = _Gatekeeper(credentials, str(announced))
-                    handler, places = gate.wrap(handler), gate.places
+                    gate = _gatekeeper.Gatekeeper(credentials, str(announced), worker.handle)
                 for one in _sockets(listener):
-                    serving.start_soon(_accept, one, handler, serving, places)
+                    serving.start_soon(_accept, one, worker.handle, serving, gate)
                 sys.stdout.write(f"{announced}\n")
                 sys.stdout.flush()
                 os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # later output → stderr
