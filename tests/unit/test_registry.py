@@ -294,6 +294,27 @@ def test_a_registry_damaged_under_a_binding_raises_typed_errors(damage, runtime_
                 binding.snapshot(lock_timeout=1)
 
 
+@pytest.mark.parametrize("offset, data", [(0, b"\xa5" * _layout.HEADER.size),  # garbage
+                                          (8, (99).to_bytes(4, "little")),  # another format
+                                          (_layout.COUNTER_OFFSET + 8, b"\x07")])  # retired=7
+def test_a_header_damaged_under_a_binding_is_never_written_over(offset, data, runtime_dir: Path):
+    with _owned_and_bound("overwritten", capacity=4, block_size=256) as (claim, binding, lease):
+        registry = claim.path / "registry"
+        with open(registry, "r+b") as file:
+            file.seek(offset)
+            file.write(data)
+        damaged = registry.read_bytes()
+        with pytest.raises(DiscoveryRegistryCorrupt):
+            binding.counter()
+        with pytest.raises(DiscoveryRegistryCorrupt):
+            binding.publish("worker-added", worker(), lease.id, lock_timeout=1)
+        with pytest.raises(DiscoveryRegistryCorrupt):
+            binding.withdraw(lease.id, lock_timeout=1)
+        with pytest.raises(DiscoveryRegistryCorrupt):
+            claim.reap(lock_timeout=1)
+        assert registry.read_bytes() == damaged
+
+
 def test_a_corrupt_registry_of_a_dead_owner_reads_as_not_found(runtime_dir: Path):
     claim = _claim.claim("dead-corrupt", capacity=4, block_size=256)
     path = claim.path
