@@ -84,7 +84,12 @@ class DiscoveryNamespaceNotFound(DiscoveryError):
 
 class DiscoveryRegistryCorrupt(DiscoveryError):
     """A namespace's registry cannot be read or written as the format says (it was truncated,
-    overwritten, or its change counter ran out), while its owner is alive.
+    overwritten, replaced by another file or made impossible to open, or its change counter ran
+    out), while its owner is alive.
+
+    Binding raises it, so do publishes, and every iteration of a subscription to the namespace
+    ends with it once its source sees the damage. Nothing repairs a registry: its owner has to
+    exit (which removes it) and the namespace be claimed again.
 
     :param namespace: the namespace.
     :param path: the registry file.

@@ -9,6 +9,7 @@ import signal
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import anyio
 import psutil
@@ -19,12 +20,14 @@ from anywool import (
     DiscoveryEvent,
     DiscoveryNamespaceInUse,
     DiscoveryNamespaceNotFound,
+    DiscoveryRegistryCorrupt,
     LocalDiscovery,
     LocalWorker,
     NoWorkersAvailable,
     RoundRobinLoadBalancer,
     WorkerPool,
 )
+from anywool.discovery.local import _keys
 from anywool.metadata import WorkerMetadata
 
 from ..helpers import Signal, follow, take, wait_until
@@ -407,6 +410,33 @@ async def test_a_borrowers_call_in_flight_finishes_while_the_owner_exits(namespa
                     await signal_.started()
                     await owner.exit()
     assert results == [7]
+
+
+async def test_a_borrowing_pool_fails_its_calls_once_the_registry_is_damaged(
+        namespace: str, runtime_dir: Path) -> None:
+    # The subscription ends with DiscoveryRegistryCorrupt; the proxy fails every later call
+    # with it (each its own copy) rather than dispatch to workers nobody can vouch for.
+    with anyio.fail_after(60):
+        async with owner_pool(namespace) as owner:
+            subscriber = LocalDiscovery.Subscriber(namespace, poll_interval=0.05)
+            async with WorkerPool(discovery=subscriber, quorum_timeout=3):
+                assert await whoami() == owner.workers[0].pid
+                os.truncate(_keys.namespace_path(namespace, runtime_dir) / "registry", 0)
+                errors: list[DiscoveryRegistryCorrupt] = []
+
+                async def fails() -> bool:
+                    try:
+                        await whoami()
+                    except DiscoveryRegistryCorrupt as exc:
+                        errors.append(exc)
+                        return True
+                    return False
+
+                await wait_until(fails, "a call failing with DiscoveryRegistryCorrupt")
+                with pytest.raises(DiscoveryRegistryCorrupt) as info:
+                    await whoami()
+                assert info.value is not errors[-1]
+                assert info.value.namespace == namespace
 
 
 async def test_a_discovery_another_pool_entered_is_refused(namespace: str) -> None:

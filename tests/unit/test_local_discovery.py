@@ -400,32 +400,147 @@ async def test_concurrent_publishes_on_one_publisher_lose_nothing(namespace):
                 tg.cancel_scope.cancel()
 
 
-async def test_a_registry_damaged_under_its_subscribers_is_logged_once(namespace, caplog):
-    caplog.set_level(logging.DEBUG, logger="anywool.discovery")
+# -- a registry damaged under a live owner ------------------------------------------------------
+
+# Ways someone outside anywool can spoil a live owner's registry. As root, permission bits stop
+# nobody; "unopenable" (a directory where the file was) is what a new borrower then meets.
+DAMAGE = ["garbage", "truncated", "empty", "other-format", "replaced", "unopenable"]
+
+
+def _damage(registry: Path, how: str) -> None:
+    if how == "garbage":  # overwritten in place, end to end, with bytes that are no registry
+        size = registry.stat().st_size
+        with open(registry, "r+b") as file:
+            file.write(b"\xa5" * size)
+    elif how == "truncated":
+        os.truncate(registry, 200)  # within the slot table: the header still reads
+    elif how == "empty":
+        os.truncate(registry, 0)
+    elif how == "other-format":  # a registry of a format version this anywool does not know
+        with open(registry, "r+b") as file:
+            file.seek(len(_layout.MAGIC))
+            file.write((_layout.FORMAT_VERSION + 1).to_bytes(4, "little"))
+    elif how == "replaced":  # another file renamed over it
+        other = registry.with_name("other")
+        other.write_bytes(b"not a registry")
+        os.replace(other, registry)
+    else:  # "unopenable"
+        os.unlink(registry)
+        os.mkdir(registry)
+
+
+class _Followed:
+    """One iteration run in a task: what it yielded, and how it ended."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, object]] = []
+        self.error: BaseException | None = None
+        self.started = anyio.Event()
+        self.ended = anyio.Event()
+
+    async def run(self, subscriber: DiscoverySubscriberLike) -> None:
+        try:
+            async for event in subscriber:
+                self.events.append((event.type, event.metadata.uid))
+                self.started.set()
+        except Exception as exc:
+            self.error = exc
+        finally:
+            self.ended.set()
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+async def test_a_registry_damaged_under_a_live_owner_ends_every_subscription(namespace, damage):
     with anyio.fail_after(20):
-        async with LocalDiscovery(namespace, poll_interval=0.02, reap_interval=0.02) as owner, \
-                anyio.create_task_group() as tg:
-            events = await follow(tg, owner.subscriber)
-            async with owner.publisher as publisher:
-                await publisher.publish("worker-added", worker())
-                assert (await events.receive()).type == "worker-added"
+        async with LocalDiscovery(namespace, capacity=4, block_size=256,
+                                  poll_interval=0.05) as owner, \
+                owner.publisher as publisher, anyio.create_task_group() as tg:
+            a = worker()
+            await publisher.publish("worker-added", a)
+            # Two sources (one per poll interval); the first shared by two iterations.
+            followed = [_Followed() for _ in range(3)]
+            tg.start_soon(followed[0].run, owner.subscriber)
+            tg.start_soon(followed[1].run, owner.subscriber)
+            tg.start_soon(followed[2].run, LocalDiscovery.Subscriber(namespace, poll_interval=0.08))
+            for one in followed:
+                await one.started.wait()
             assert owner.path is not None
-            os.truncate(os.path.join(owner.path, "registry"), 50)  # the counter too
-            await wait_until(lambda: caplog.text.count("still failing") >= 3,
-                             "several failed refreshes")
-            warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
-            refresh = [r for r in warnings if "failed to refresh" in r.getMessage()]
-            assert len(refresh) == 1
-            assert isinstance(refresh[0].exc_info[1], DiscoveryRegistryCorrupt)
-            assert len([r for r in warnings if "reaping" in r.getMessage()]) <= 1
-            # The owner is still the owner, and borrowers are told the truth about it.
-            with pytest.raises(DiscoveryNamespaceInUse):
-                async with LocalDiscovery(namespace):
+            registry = Path(owner.path) / "registry"
+            _damage(registry, damage)
+            # Each ends with the documented error within a few poll intervals (the bound is
+            # generous for a loaded machine), having reported nothing else about its view.
+            with anyio.fail_after(5):
+                for one in followed:
+                    await one.ended.wait()
+            for one in followed:
+                assert isinstance(one.error, DiscoveryRegistryCorrupt), one.error
+                assert (one.error.namespace, one.error.path) == (namespace, str(registry))
+                assert one.events == [("worker-added", a.uid)]
+            assert followed[0].error is not followed[1].error  # each raises its own
+            # A new iteration, and a new publisher, are told the same at once.
+            with pytest.raises(DiscoveryRegistryCorrupt):
+                async for _ in LocalDiscovery.Subscriber(namespace):
                     pass
             with pytest.raises(DiscoveryRegistryCorrupt):
                 async with LocalDiscovery.Publisher(namespace):
                     pass
+            # The owner is still the owner: nobody may claim over it.
+            with pytest.raises(DiscoveryNamespaceInUse):
+                async with LocalDiscovery(namespace):
+                    pass
+
+
+async def test_a_registry_removed_under_a_live_owner_reads_as_an_owner_gone(namespace):
+    # A new borrower finds no registry, as when the owner is gone: a live subscription says
+    # the same (its workers dropped) instead of keeping a view nobody else can reach.
+    with anyio.fail_after(20):
+        async with LocalDiscovery(namespace, poll_interval=0.05) as owner, \
+                owner.publisher as publisher, anyio.create_task_group() as tg:
+            a = worker()
+            await publisher.publish("worker-added", a)
+            events = await follow(tg, owner.subscriber)
+            assert await take(events, 1) == [("worker-added", a.uid)]
+            assert owner.path is not None
+            os.unlink(Path(owner.path) / "registry")
+            with anyio.fail_after(5):
+                assert await take(events, 1) == [("worker-dropped", a.uid)]
+            with pytest.raises(DiscoveryNamespaceNotFound):
+                async for _ in LocalDiscovery.Subscriber(namespace):
+                    pass
             tg.cancel_scope.cancel()
+
+
+async def test_the_owner_of_a_damaged_registry_neither_repairs_it_nor_logs_it_every_round(
+        namespace, caplog, monkeypatch):
+    caplog.set_level(logging.DEBUG, logger="anywool.discovery")
+    reaps: list[None] = []
+    real_reap = LocalDiscovery._reap
+
+    def counted_reap(claim: _claim.Claim) -> None:
+        reaps.append(None)
+        real_reap(claim)
+
+    monkeypatch.setattr(LocalDiscovery, "_reap", staticmethod(counted_reap))
+    with anyio.fail_after(20):
+        async with LocalDiscovery(namespace, capacity=4, block_size=256,
+                                  reap_interval=0.02) as owner:
+            async with owner.publisher as publisher:
+                await publisher.publish("worker-added", worker())
+            assert owner.path is not None
+            registry = Path(owner.path) / "registry"
+            _damage(registry, "garbage")
+            damaged = registry.read_bytes()
+
+            def reaping() -> list[logging.LogRecord]:
+                return [r for r in caplog.records if "reaping" in r.getMessage()]
+
+            await wait_until(lambda: len(reaping()) >= 1, "the reaper's warning")
+            assert isinstance(reaping()[0].exc_info[1], DiscoveryRegistryCorrupt)
+            # Ten more rounds: no second warning, and not a byte written into the registry.
+            seen = len(reaps)
+            await wait_until(lambda: len(reaps) >= seen + 10, "ten more reap rounds")
+            assert len(reaping()) == 1
+            assert registry.read_bytes() == damaged
 
 
 # -- the in-loop fast paths and the thread paths ------------------------------------------------

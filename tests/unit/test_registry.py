@@ -294,6 +294,46 @@ def test_a_registry_damaged_under_a_binding_raises_typed_errors(damage, runtime_
                 binding.snapshot(lock_timeout=1)
 
 
+@pytest.mark.parametrize("offset, data", [(0, b"\xa5" * _layout.HEADER.size),  # garbage
+                                          (8, (99).to_bytes(4, "little")),  # another format
+                                          (_layout.COUNTER_OFFSET + 8, b"\x07")],  # retired=7
+                         ids=["garbage", "other-format", "retired-flag"])
+def test_a_header_damaged_under_a_binding_is_never_written_over(offset, data, runtime_dir: Path):
+    with _owned_and_bound("overwritten", capacity=4, block_size=256) as (claim, binding, lease):
+        registry = claim.path / "registry"
+        with open(registry, "r+b") as file:
+            file.seek(offset)
+            file.write(data)
+        damaged = registry.read_bytes()
+        with pytest.raises(DiscoveryRegistryCorrupt):
+            binding.counter()
+        with pytest.raises(DiscoveryRegistryCorrupt):
+            binding.publish("worker-added", worker(), lease.id, lock_timeout=1)
+        with pytest.raises(DiscoveryRegistryCorrupt):
+            binding.withdraw(lease.id, lock_timeout=1)
+        with pytest.raises(DiscoveryRegistryCorrupt):
+            claim.reap(lock_timeout=1)
+        assert registry.read_bytes() == damaged
+
+
+def test_a_successor_in_the_place_of_a_retiring_owner_is_not_taken_for_damage(
+        runtime_dir: Path):
+    # An exiting owner retires, renames its generation away (a successor may claim at once),
+    # and only then lets its lock go: a borrower looking in between finds another registry
+    # under a live owner, and must read that as the generation over, not as damage.
+    with _owned_and_bound("turnover", capacity=4, block_size=256) as (claim, binding, lease):
+        assert binding.reachable()
+        claim.retire()
+        away = runtime_dir / "dead-retiring"
+        os.rename(claim.path, away)
+        successor = _claim.claim("turnover", capacity=4, block_size=256)
+        try:
+            assert binding.reachable() is False
+        finally:
+            successor.release()
+            os.rename(away, claim.path)  # for the owner's own exit to remove
+
+
 def test_a_corrupt_registry_of_a_dead_owner_reads_as_not_found(runtime_dir: Path):
     claim = _claim.claim("dead-corrupt", capacity=4, block_size=256)
     path = claim.path

@@ -39,7 +39,7 @@ from anywool._runtime_dir import runtime_dir
 from anywool.discovery import _view
 from anywool.discovery.local import _binding, _keys, _layout, _watch
 from anywool.discovery._protocols import DiscoveryEvent
-from anywool.errors import DiscoveryNamespaceNotFound
+from anywool.errors import DiscoveryError, DiscoveryNamespaceNotFound, DiscoveryRegistryCorrupt
 from anywool.metadata import WorkerMetadata
 
 
@@ -315,7 +315,14 @@ class _Source:
                 self._refresh(probe=probe, checkpoint=self._check_stop)
             except _Stopped:
                 return
-            except Exception as exc:  # a wedged writer, a damaged registry...: retry next round
+            except DiscoveryRegistryCorrupt as exc:
+                # Damaged from outside under a live owner, never a torn read (see
+                # _layout.verify): nothing can confirm the view any more, and nothing will
+                # repair it while the owner lives. Every iteration ends with it, now.
+                log.warning("discovery source for %r stops: %s", self.namespace, exc)
+                self._fail(exc)
+                return
+            except Exception as exc:  # a wedged writer, a failing disk...: retry next round
                 # Logged once per kind of failure, not on every poll.
                 if repr(exc) != last_failure:
                     last_failure = repr(exc)
@@ -383,8 +390,15 @@ class _LocalSource(_Source):
         replacement: dict[UUID, WorkerMetadata] | None = None
         binding = self.binding
         if binding is not None:
-            counter, retired = binding.counter()
-            if retired or (probe and not binding.is_live()):
+            counter, gone = self._counter, True
+            try:
+                counter, retired = binding.counter()  # DiscoveryRegistryCorrupt: damaged
+                # On a probe, also whether the owner lives and its registry is still the one
+                # a new borrower would find.
+                gone = retired or (probe and not (binding.is_live() and binding.reachable()))
+            except DiscoveryNamespaceNotFound:  # damaged, but its owner died: over all the same
+                pass
+            if gone:
                 events = [DiscoveryEvent("worker-dropped", m) for m in self.view.values()]
                 replacement = {}
                 self._orphan()
@@ -658,6 +672,8 @@ def iterate(namespace: str, poll_interval: float) -> AsyncIterator[DiscoveryEven
 
     :raises DiscoveryNamespaceNotFound: (from the first step) no live owner holds the namespace
         when iteration starts.
+    :raises DiscoveryRegistryCorrupt: the live owner's registry is damaged: from the first
+        step, or from a later one once the source has seen it (every iteration of the source).
     """
     return _Iteration(_LocalOpener(namespace, poll_interval))
 
@@ -813,9 +829,14 @@ async def _receive(source: _Source, consumer: _Consumer) -> list[DiscoveryEvent]
                 events = consumer.batches.popleft()
                 consumer.queued -= len(events)
             elif source.failure is not None:  # once what it delivered before has been read
+                failure = source.failure
+                if isinstance(failure, DiscoveryError):
+                    # The documented error itself; a copy for each iteration, since one
+                    # exception object raised in several tasks would gather their tracebacks.
+                    raise type(failure)(*failure.args) from None
                 raise RuntimeError(
                     f"the discovery source of namespace {source.namespace!r} failed: "
-                    f"{source.failure!r}") from source.failure
+                    f"{failure!r}") from failure
             else:
                 events = None
                 consumer.ready_to_wait()

@@ -48,6 +48,7 @@ from anywool.discovery.local._layout import (
     check_header,
     read_counter,
     read_header,
+    verify,
 )
 from anywool.errors import (
     DiscoveryBlockExhausted,
@@ -101,6 +102,12 @@ class Generation:
                                                str(exc) or type(exc).__name__) from exc
             raise DiscoveryNamespaceNotFound(self.namespace) from None
 
+    def verify(self) -> tuple[int, bool]:
+        """(change counter, retired flag), once the registry still reads as the one stamped
+        (see :func:`._layout.verify`); call it inside :meth:`_typed`. Writers call it under
+        ``LOCK_EX`` before they write, so nothing is ever written into a damaged registry."""
+        return verify(self.registry_fd, self.header, self.table.size)
+
     @property
     def block_size(self) -> int:
         return self.header.block_size
@@ -143,12 +150,47 @@ class Binding(Generation):
         return self._owner_alive()
 
     def counter(self) -> tuple[int, bool]:
-        """(change counter, retired flag) from the header; a cheap unlocked read.
+        """(change counter, retired flag) from the header; a cheap unlocked read, which also
+        checks that the registry still reads as the one bound (see :meth:`verify`).
 
-        :raises DiscoveryRegistryCorrupt: the registry is unreadable and its owner alive.
+        :raises DiscoveryRegistryCorrupt: the registry is damaged and its owner alive.
+        :raises DiscoveryNamespaceNotFound: the registry is damaged and its owner dead.
         """
         with self._typed():
-            return read_counter(self.registry_fd)
+            return self.verify()
+
+    def reachable(self) -> bool:
+        """Whether a borrower binding the namespace now would open this very registry.
+
+        ``False`` when nothing is there any more, or when the owner retired or died meanwhile:
+        the generation is over for every new borrower (:func:`bind` says
+        ``DiscoveryNamespaceNotFound``). Running out of descriptors says nothing: ``True``.
+
+        :raises DiscoveryRegistryCorrupt: something else is there (another file renamed over
+            it) or it cannot be opened any more, while its owner is alive and has not retired:
+            a new borrower would be told the same.
+        """
+        path = self.path / "registry"
+        try:
+            fd = open_file(path, os.O_RDWR)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError as exc:
+            if exhausted(exc):
+                return True
+            reason = f"it can no longer be opened ({os.strerror(exc.errno or 0)})"
+        else:
+            try:
+                if os.path.samestat(os.fstat(fd), os.fstat(self.registry_fd)):
+                    return True
+            finally:
+                os.close(fd)
+            reason = "another file was put in its place"
+        # An exit retires the generation before it removes anything: checked after the look,
+        # so an owner leaving meanwhile is never taken for damage.
+        if not self.is_live():
+            return False
+        raise DiscoveryRegistryCorrupt(self.namespace, str(path), reason)
 
     # -- reads --
 
@@ -196,6 +238,7 @@ class Binding(Generation):
         :raises DiscoveryBlockExhausted: the encoded metadata exceeds ``block_size`` bytes.
         :raises DiscoveryCapacityExhausted: no free slot for a new worker.
         :raises DiscoveryWorkerNotFound: ``kind`` is ``"worker-updated"`` for an unknown uid.
+        :raises DiscoveryRegistryCorrupt: the registry is damaged (nothing is written).
         :raises TimeoutError: the registry lock was not taken within ``lock_timeout`` seconds.
         """
         payload = b""
@@ -206,6 +249,7 @@ class Binding(Generation):
         uid = metadata.uid.bytes
         with locked(self.registry_fd, self.guard, fcntl.LOCK_EX, lock_timeout, self.namespace, checkpoint), \
                 self._typed():
+            self.verify()
             self.table.recover()
             slots = self.table.slots()
             index = next((i for i, entry in enumerate(slots) if entry[3] and entry[0] == uid),
@@ -234,10 +278,12 @@ class Binding(Generation):
         :param checkpoint: called between lock attempts; it may raise (cancellation), and then
             nothing was changed.
         :returns: how many slots were cleared.
+        :raises DiscoveryRegistryCorrupt: the registry is damaged (nothing is written).
         :raises TimeoutError: the registry lock was not taken within ``lock_timeout`` seconds.
         """
         with locked(self.registry_fd, self.guard, fcntl.LOCK_EX, lock_timeout, self.namespace,
                      checkpoint), self._typed():
+            self.verify()
             self.table.recover()
             slots = self.table.slots()
             indices = [i for i, entry in enumerate(slots) if entry[3] and entry[2] == lease]

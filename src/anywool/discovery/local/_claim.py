@@ -197,11 +197,15 @@ class Claim(Generation):
 
         :param checkpoint: called between registry lock attempts; it may raise (cancellation).
         :returns: the uids of the workers removed.
+        :raises DiscoveryRegistryCorrupt: the registry was damaged from outside; nothing is
+            written into it (an owner never guesses what it held: it is recreated only by a
+            new claim, after this owner exits).
         :raises TimeoutError: the registry lock was not taken within ``lock_timeout`` seconds.
         """
         removed: list[UUID] = []
         with locked(self.registry_fd, self.guard, fcntl.LOCK_EX, lock_timeout, self.namespace,
                      checkpoint), self._typed():
+            self.verify()  # never "repair" a damaged registry: see DiscoveryRegistryCorrupt
             recovered = self.table.recover()
             slots = self.table.slots()
             dead = {lease for lease in lease_ids(self.path) if lease_is_dead(self.path, lease)}

@@ -291,6 +291,34 @@ def check_header(header: Header, fd: int) -> None:
         raise ValueError("it is truncated")
 
 
+def verify(fd: int, stamped: Header, size: int) -> tuple[int, bool]:
+    """(change counter, retired flag) of a bound registry, once it still reads as the one its
+    owner stamped: the same magic, format, sizes, owner, generation and namespace, a retired
+    flag of 0 or 1, and at least ``size`` bytes.
+
+    Nothing but a claim writes those fields (before the generation can be bound), the file
+    never shrinks, and the flag is only ever written 0 or 1: a registry that fails this was
+    damaged from outside, never caught mid-write, so no lock is needed for the verdict.
+
+    :raises ValueError: saying what is wrong.
+    """
+    data = os.pread(fd, HEADER.size, 0)
+    if len(data) < HEADER.size:
+        raise ValueError("it is truncated")
+    magic, version, capacity, block_size, pid, generation, digest, counter, retired = (
+        HEADER.unpack(data)
+    )
+    if magic != MAGIC or version != FORMAT_VERSION:
+        raise ValueError("not an anywool registry of a known format")
+    if (capacity, block_size, pid, generation, digest) != (
+            stamped.capacity, stamped.block_size, stamped.owner_pid, stamped.generation,
+            stamped.digest) or retired > 1:
+        raise ValueError("its header was overwritten")
+    if os.fstat(fd).st_size < size:
+        raise ValueError("it is truncated")
+    return counter, bool(retired)
+
+
 def read_counter(fd: int) -> tuple[int, bool]:
     data = os.pread(fd, 9, COUNTER_OFFSET)
     if len(data) < 9:

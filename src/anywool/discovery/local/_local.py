@@ -407,6 +407,8 @@ class LocalDiscovery(Discovery, SingleUse):
             :raises DiscoveryCapacityExhausted: every slot holds another worker.
             :raises DiscoveryBlockExhausted: the metadata does not fit one block.
             :raises DiscoveryWorkerNotFound: an update names an unregistered worker.
+            :raises DiscoveryRegistryCorrupt: the live owner's registry is damaged (nothing is
+                written into it).
             :raises TimeoutError: the registry lock was not taken within ``lock_timeout`` s.
             :raises RuntimeError: the publisher is not entered.
 
@@ -567,7 +569,13 @@ class LocalDiscovery(Discovery, SingleUse):
         Iterating raises :class:`~anywool.errors.DiscoveryNamespaceNotFound` when no live
         owner holds the namespace as the iteration starts (nothing is created), and
         ``TimeoutError`` if a publisher kept the registry locked for 30 s while the iteration
-        started (cancelling the iteration ends that wait at once). Closing or cancelling an
+        started (cancelling the iteration ends that wait at once). It raises
+        :class:`~anywool.errors.DiscoveryRegistryCorrupt` when the registry of the live owner is
+        damaged (overwritten, truncated, of another format, replaced by another file, or no
+        longer openable): at once as it starts, and later, after the events it already
+        yielded, within about ``poll_interval`` seconds of the damage (every iteration of the
+        namespace in this process, each with its own copy). A registry removed from under its
+        owner reads as the owner gone: ``worker-dropped`` for every worker. Closing or cancelling an
         iteration affects no other; the source stops with the last one. An iteration left with
         a plain ``break`` is released as soon as nothing refers to it (no garbage collection
         pass needed); ``aclose()`` also waits for the source's thread to end.
