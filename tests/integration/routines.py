@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import anyio
@@ -58,3 +59,15 @@ async def hold_until_cancelled(port: int, path: str) -> None:
         await anyio.sleep_forever()
     finally:
         Path(path).write_text("finally ran")
+
+
+@routine
+async def note_when_cancelled(port: int, path: str) -> None:
+    """Tell the test it started, wait until cancelled; its ``finally`` writes ``path`` with
+    ``time.monotonic()`` (one clock for every process of the host), when it ran."""
+    try:
+        async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+            await stream.send(b"started")
+        await anyio.sleep_forever()
+    finally:
+        Path(path).write_text(repr(time.monotonic()))
