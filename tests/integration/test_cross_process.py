@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
-import time
 from contextlib import aclosing
 
 import anyio
@@ -15,27 +15,42 @@ from anywool import DiscoveryNamespaceInUse, DiscoveryNamespaceNotFound, LocalDi
 from anywool.discovery.local import _claim
 from anywool.testing import owner_process, suspended
 
-from ..helpers import follow, take, worker
+from ..helpers import follow, take, wait_until, worker
 from .children import start, start_detached, stop
 from .routines import whoami
 
 pytestmark = pytest.mark.anyio
 
+# Each claimant gets ready (interpreter started, anywool imported, event loop running), says
+# so, then waits for a shared lock the test holds (LOCK_EX) as a barrier: the test releases
+# it once every claimant waits there, and the kernel wakes them all at once to claim.
 CLAIMANT = """
-import os, sys, time, anyio
+import fcntl, os, sys, anyio
 from anywool import LocalDiscovery, DiscoveryNamespaceInUse
-namespace, deadline = sys.argv[1], float(sys.argv[2])
+namespace, barrier = sys.argv[1], sys.argv[2]
 async def main():
+    fd = os.open(barrier, os.O_RDONLY)
+    print("ready", flush=True)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # blocks the loop on purpose: nothing else runs here
+    os.close(fd)
     try:
         async with LocalDiscovery(namespace):
             print("won", os.getpid(), flush=True)
             await anyio.to_thread.run_sync(sys.stdin.read)
     except DiscoveryNamespaceInUse as error:
         print("in-use", error.owner_pid, error.path, flush=True)
-while time.time() < deadline:
-    time.sleep(0.0002)
-anyio.run(main)
+anyio.run(main, backend=sys.argv[-1])
 """
+
+
+def _lock_waiters(path: str) -> int:
+    """How many processes wait, blocked, for a lock on ``path`` (Linux's ``/proc/locks``:
+    a waiter's line has ``->`` and the file's ``major:minor:inode``)."""
+    inode = os.stat(path).st_ino
+    with open("/proc/locks") as locks:
+        return sum(1 for line in locks
+                   if "->" in line and line.split()[6].rsplit(":", 1)[-1] == str(inode))
+
 
 SUBSCRIBER = """
 import sys, anyio
@@ -43,7 +58,7 @@ from anywool import LocalDiscovery
 async def main():
     async for event in LocalDiscovery.Subscriber(sys.argv[1], poll_interval=float(sys.argv[2])):
         print(event.type, event.metadata.uid, flush=True)
-anyio.run(main)
+anyio.run(main, backend=sys.argv[-1])
 """
 
 PUBLISHER = """
@@ -55,7 +70,7 @@ async def main():
         await publisher.publish("worker-added", metadata)
         print("published", flush=True)
         await anyio.to_thread.run_sync(sys.stdin.read)
-anyio.run(main)
+anyio.run(main, backend=sys.argv[-1])
 """
 
 POOL_OWNER = """
@@ -70,11 +85,22 @@ anyio.run(main, backend=sys.argv[2])
 """
 
 
-async def test_racing_interpreters_admit_exactly_one_owner(namespace, runtime_dir):
-    with anyio.fail_after(30):
-        deadline = time.time() + 1.5  # all four are running and waiting by then
-        children = [await start(CLAIMANT, namespace, str(deadline)) for _ in range(4)]
+async def test_racing_interpreters_admit_exactly_one_owner(namespace, runtime_dir, tmp_path,
+                                                           anyio_backend):
+    barrier = tmp_path / "barrier"
+    barrier.touch()
+    children = []
+    with anyio.fail_after(30), open(barrier) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
         try:
+            for _ in range(4):
+                children.append(await start(CLAIMANT, namespace, str(barrier), anyio_backend))
+            for child in children:
+                assert await child.readline() == "ready"
+            # Every claimant blocked at the barrier, then all released at once.
+            await wait_until(lambda: _lock_waiters(str(barrier)) == 4,
+                             "every claimant to wait at the barrier")
+            fcntl.flock(held, fcntl.LOCK_UN)
             lines = [(await child.readline()).split() for child in children]
             winners = [int(line[1]) for line in lines if line[0] == "won"]
             assert len(winners) == 1
@@ -88,13 +114,13 @@ async def test_racing_interpreters_admit_exactly_one_owner(namespace, runtime_di
     assert os.listdir(runtime_dir) == []
 
 
-async def test_subscriber_in_another_process_is_woken_by_the_hint(namespace):
+async def test_subscriber_in_another_process_is_woken_by_the_hint(namespace, anyio_backend):
     # A 60 s poll interval: within the 10 s bound only the hint can deliver the changes.
     with anyio.fail_after(10):
         async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
             first = worker()
             await publisher.publish("worker-added", first)
-            child = await start(SUBSCRIBER, namespace, "60")
+            child = await start(SUBSCRIBER, namespace, "60", anyio_backend)
             try:
                 assert await child.readline() == f"worker-added {first.uid}"
                 second = worker()
@@ -109,12 +135,12 @@ async def test_subscriber_in_another_process_is_woken_by_the_hint(namespace):
                 await stop([child])
 
 
-async def test_publisher_in_another_process_reaches_this_subscriber(namespace):
+async def test_publisher_in_another_process_reaches_this_subscriber(namespace, anyio_backend):
     with anyio.fail_after(15):
         async with LocalDiscovery(namespace) as owner, anyio.create_task_group() as tg:
             events = await follow(tg, owner.subscriber)
             uid = worker().uid
-            child = await start(PUBLISHER, namespace, str(uid))
+            child = await start(PUBLISHER, namespace, str(uid), anyio_backend)
             try:
                 assert await child.readline() == "published"
                 assert await take(events, 1) == [("worker-added", uid)]
@@ -156,14 +182,16 @@ async def main():
     async with LocalDiscovery(sys.argv[1]):
         print("owner", os.getpid(), flush=True)
         await anyio.to_thread.run_sync(sys.stdin.read)
-anyio.run(main)
+anyio.run(main, backend=sys.argv[-1])
 """
 
 
 @pytest.mark.parametrize("group", [False, True], ids=["process", "process-group"])
-async def test_sigkilled_owner_is_reclaimed_by_successor(namespace, runtime_dir, group):
+async def test_sigkilled_owner_is_reclaimed_by_successor(namespace, runtime_dir, group,
+                                                         anyio_backend):
     with anyio.fail_after(20):
-        child = await start(OWNER, namespace, new_group=group, capture_stderr=True)
+        child = await start(OWNER, namespace, anyio_backend, new_group=group,
+                            capture_stderr=True)
         try:
             assert (await child.readline()).split()[0] == "owner"
             with pytest.raises(DiscoveryNamespaceInUse) as info:
@@ -192,9 +220,9 @@ async def test_sigkilled_owner_is_reclaimed_by_successor(namespace, runtime_dir,
     assert os.listdir(runtime_dir) == []
 
 
-async def test_stopped_owner_is_never_reclaimed(namespace):
+async def test_stopped_owner_is_never_reclaimed(namespace, anyio_backend):
     with anyio.fail_after(20):
-        async with owner_process(namespace) as owner:
+        async with owner_process(namespace, backend=anyio_backend) as owner:
             with suspended(owner.pid):
                 for _ in range(3):
                     with pytest.raises(DiscoveryNamespaceInUse) as info:
@@ -206,13 +234,13 @@ async def test_stopped_owner_is_never_reclaimed(namespace):
                         pass
 
 
-async def test_sigkilled_publishers_workers_are_reaped(namespace):
+async def test_sigkilled_publishers_workers_are_reaped(namespace, anyio_backend):
     with anyio.fail_after(15):
         async with LocalDiscovery(namespace, reap_interval=0.2, capacity=1) as owner:
             async with anyio.create_task_group() as tg:
                 events = await follow(tg, owner.subscriber)
                 uid = worker().uid
-                child = await start(PUBLISHER, namespace, str(uid))
+                child = await start(PUBLISHER, namespace, str(uid), anyio_backend)
                 try:
                     assert await child.readline() == "published"
                     assert await take(events, 1) == [("worker-added", uid)]
@@ -272,13 +300,14 @@ async def main():
         await publisher.publish("worker-added", WorkerMetadata(uuid.uuid4(), "unix:/x", 1, "x"))
         print("owner", os.getpid(), flush=True)
         await anyio.to_thread.run_sync(sys.stdin.read)
-anyio.run(main)
+anyio.run(main, backend=sys.argv[-1])
 """
 
 
-async def test_a_new_iteration_never_joins_a_source_whose_owner_was_killed(namespace):
+async def test_a_new_iteration_never_joins_a_source_whose_owner_was_killed(namespace,
+                                                                          anyio_backend):
     with anyio.fail_after(20):
-        child = await start(OWNER_WITH_WORKER, namespace)
+        child = await start(OWNER_WITH_WORKER, namespace, anyio_backend)
         try:
             assert (await child.readline()).split()[0] == "owner"
             async with anyio.create_task_group() as tg:
@@ -309,16 +338,17 @@ async def main():
         async for event in events:
             break
     print("borrowed", flush=True)
-anyio.run(main)
+anyio.run(main, backend=sys.argv[-1])
 """
 
 
-async def test_a_borrowing_interpreter_that_exits_leaves_the_namespace_to_its_owner(namespace):
+async def test_a_borrowing_interpreter_that_exits_leaves_the_namespace_to_its_owner(
+        namespace, anyio_backend):
     with anyio.fail_after(20):
         async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
             before = sorted(os.listdir(owner.path))
             await publisher.publish("worker-added", first := worker())
-            child = await start(BORROWER, namespace, capture_stderr=True)
+            child = await start(BORROWER, namespace, anyio_backend, capture_stderr=True)
             try:
                 assert await child.readline() == "borrowed"
                 assert await child.wait() == 0
@@ -333,9 +363,9 @@ async def test_a_borrowing_interpreter_that_exits_leaves_the_namespace_to_its_ow
             assert seen == {first.uid, second.uid}
 
 
-async def test_a_new_iteration_sees_only_the_successors_workers(namespace):
+async def test_a_new_iteration_sees_only_the_successors_workers(namespace, anyio_backend):
     with anyio.fail_after(30):
-        child = await start(OWNER_WITH_WORKER, namespace)
+        child = await start(OWNER_WITH_WORKER, namespace, anyio_backend)
         try:
             assert (await child.readline()).split()[0] == "owner"
             async with anyio.create_task_group() as tg:
