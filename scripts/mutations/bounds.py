@@ -347,4 +347,17 @@ MUTATIONS: list[Mutation] = [
         tests=(_default("hold_registry_lock timeout"),),
         why="README: TimeoutError when the lock is not taken within timeout seconds (default 5)",
     ),
+    # -- the atomic claim, raced for real ---------------------------------------------------
+    Mutation(
+        name="race-claim-check-then-rename",
+        path="src/anywool/discovery/local/_claim.py",
+        old="                os.rename(tmp, target)\n",
+        new=("                if os.path.exists(target):\n"
+             "                    raise OSError(errno.EEXIST, 'exists')\n"
+             "                time.sleep(0.05)  # a check-then-act window\n"
+             "                shutil.rmtree(target, ignore_errors=True)\n"
+             "                os.rename(tmp, target)\n"),
+        tests=("tests/integration/test_cross_process.py::test_racing_interpreters_admit_exactly_one_owner",),
+        why="README: a namespace has exactly one owner on the host; a second claim raises",
+    ),
 ]

@@ -116,9 +116,10 @@ async def test_a_suspended_owner_stays_the_owner(namespace: str, anyio_backend: 
         assert owner.returncode == 0  # it went on, and exited politely at the end
 
 
-async def test_suspended_continues_the_process_when_its_block_raises(namespace: str) -> None:
+async def test_suspended_continues_the_process_when_its_block_raises(
+        namespace: str, anyio_backend: str) -> None:
     with anyio.fail_after(60):
-        async with owner_process(namespace) as owner:
+        async with owner_process(namespace, backend=anyio_backend) as owner:
             with pytest.raises(LookupError):
                 with suspended(owner.pid):
                     assert _stopped(owner.pid)
@@ -258,9 +259,9 @@ async def test_owner_process_publishes_the_workers_it_spawns(
 
 
 async def test_a_killed_owner_process_leaves_the_namespace_to_the_next_claim(
-        namespace: str, runtime_dir: Path) -> None:
+        namespace: str, runtime_dir: Path, anyio_backend: str) -> None:
     with anyio.fail_after(60):
-        async with owner_process(namespace) as owner:
+        async with owner_process(namespace, backend=anyio_backend) as owner:
             owner.kill()
             assert await owner.wait() == -signal.SIGKILL
             (left,) = runtime_dir.iterdir()  # a SIGKILLed owner removes nothing
@@ -272,9 +273,9 @@ async def test_a_killed_owner_process_leaves_the_namespace_to_the_next_claim(
 
 
 async def test_a_terminated_owner_process_exits_politely(
-        namespace: str, runtime_dir: Path) -> None:
+        namespace: str, runtime_dir: Path, anyio_backend: str) -> None:
     with anyio.fail_after(60):
-        async with owner_process(namespace, spawn=1) as owner:
+        async with owner_process(namespace, spawn=1, backend=anyio_backend) as owner:
             owner.terminate()
             assert await owner.wait() == 0
             # It removed the namespace, and stopped and reaped its worker, which removed its
@@ -284,10 +285,10 @@ async def test_a_terminated_owner_process_exits_politely(
 
 
 async def test_owner_process_is_stopped_and_reaped_when_its_block_is_cancelled(
-        namespace: str, runtime_dir: Path) -> None:
+        namespace: str, runtime_dir: Path, anyio_backend: str) -> None:
     with anyio.fail_after(60):
         with anyio.CancelScope() as scope:
-            async with owner_process(namespace) as owner:
+            async with owner_process(namespace, backend=anyio_backend) as owner:
                 scope.cancel()
                 await anyio.sleep_forever()
         assert scope.cancelled_caught
@@ -295,10 +296,10 @@ async def test_owner_process_is_stopped_and_reaped_when_its_block_is_cancelled(
         assert list(runtime_dir.iterdir()) == []
 
 
-async def test_owner_process_takes_any_namespace_string() -> None:
+async def test_owner_process_takes_any_namespace_string(anyio_backend: str) -> None:
     namespace = "a\0b/../\udc80\n" + "x" * 300
     with anyio.fail_after(60):
-        async with owner_process(namespace) as owner:
+        async with owner_process(namespace, backend=anyio_backend) as owner:
             with pytest.raises(DiscoveryNamespaceInUse) as info:
                 async with LocalDiscovery(namespace):
                     pass
@@ -306,20 +307,21 @@ async def test_owner_process_takes_any_namespace_string() -> None:
 
 
 async def test_owner_process_raises_the_error_that_kept_the_child_from_owning(
-        namespace: str) -> None:
+        namespace: str, anyio_backend: str) -> None:
     with anyio.fail_after(60):
         async with LocalDiscovery(namespace):
             with pytest.raises(DiscoveryNamespaceInUse) as info:
-                async with owner_process(namespace):
+                async with owner_process(namespace, backend=anyio_backend):
                     pass
     assert info.value.namespace == namespace
     assert info.value.owner_pid == os.getpid()
 
 
 async def test_owner_process_that_dies_before_it_is_ready_raises_with_its_stderr(
-        namespace: str) -> None:
+        namespace: str, anyio_backend: str) -> None:
     with anyio.fail_after(60):
         with pytest.raises(RuntimeError, match="before it was ready") as info:
-            async with owner_process(namespace, env={"ANYWOOL_RUNTIME_DIR": "relative"}):
+            async with owner_process(namespace, backend=anyio_backend,
+                                     env={"ANYWOOL_RUNTIME_DIR": "relative"}):
                 pass
     assert "ANYWOOL_RUNTIME_DIR must be an absolute path" in str(info.value)

@@ -34,7 +34,7 @@ async def main():
         except DiscoveryCapacityExhausted as error:
             print("full", error.capacity, flush=True)
         await anyio.to_thread.run_sync(sys.stdin.read)
-anyio.run(main)
+anyio.run(main, backend=sys.argv[-1])
 """
 
 CHURNER = """
@@ -66,7 +66,7 @@ async def main():
             changes += 1
         print("done", changes, len(live), flush=True)
         await anyio.to_thread.run_sync(sys.stdin.read)
-anyio.run(main)
+anyio.run(main, backend=sys.argv[-1])
 """
 
 
@@ -173,11 +173,12 @@ async def test_concurrent_publishers_at_capacity_one_in_process(namespace):
             assert sorted(outcomes) == ["full"] * 7 + ["won"]
 
 
-async def test_concurrent_publishers_at_capacity_one_across_processes(namespace):
+async def test_concurrent_publishers_at_capacity_one_across_processes(namespace, anyio_backend):
     with anyio.fail_after(30):
         async with LocalDiscovery(namespace, capacity=1):
             deadline = time.time() + 1.5
-            children = [await start(CAPACITY_RACER, namespace, str(deadline)) for _ in range(4)]
+            children = [await start(CAPACITY_RACER, namespace, str(deadline), anyio_backend)
+                        for _ in range(4)]
             try:
                 lines = sorted([await child.readline() for child in children])
             finally:
@@ -185,7 +186,7 @@ async def test_concurrent_publishers_at_capacity_one_across_processes(namespace)
             assert lines == ["full 1"] * 3 + ["won"]
 
 
-async def test_churning_publishers_never_tear_a_subscribers_view(namespace):
+async def test_churning_publishers_never_tear_a_subscribers_view(namespace, anyio_backend):
     seconds = 10.0
     with anyio.fail_after(seconds + 30):
         async with LocalDiscovery(namespace, capacity=256, block_size=512) as owner:
@@ -211,7 +212,8 @@ async def test_churning_publishers_never_tear_a_subscribers_view(namespace):
                             view[event.metadata.uid] = event.metadata
 
                 tg.start_soon(watch)
-                children = [await start(CHURNER, namespace, str(seconds)) for _ in range(2)]
+                children = [await start(CHURNER, namespace, str(seconds), anyio_backend)
+                            for _ in range(2)]
                 try:
                     summaries = [(await child.readline()).split() for child in children]
                     assert all(line[0] == "done" and int(line[1]) > 100 for line in summaries)

@@ -344,15 +344,15 @@ async def main():
     async with WorkerPool(spawn=2, discovery=LocalDiscovery(sys.argv[1])) as pool:
         print(*[w.pid for w in pool.workers], flush=True)
         await anyio.sleep_forever()
-anyio.run(main)
+anyio.run(main, backend=sys.argv[2])
 """
 
 
 async def test_a_killed_process_groups_socket_directories_are_swept_by_the_next_claim(
-    namespace: str, runtime_dir: Path
+    namespace: str, runtime_dir: Path, anyio_backend: str
 ) -> None:
     with anyio.fail_after(60):
-        child = await start(POOL_GROUP, namespace, new_group=True)
+        child = await start(POOL_GROUP, namespace, anyio_backend, new_group=True)
         try:
             pids = [int(p) for p in (await child.readline()).split()]
             # The pool and its workers at once (workers run in sessions of their own, out of

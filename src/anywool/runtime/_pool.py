@@ -257,7 +257,7 @@ class WorkerPool(SingleUse):
         self._ended: set[UUID] = set()  # workers this pool killed itself (see _end_stuck)
         self._given_up: str | None = None  # why every slot was, once they all were
         self._announce_budget = Budget(self._announce_timeout)
-        self._shutdown_budget = Budget(self._shutdown_timeout + 2)
+        self._shutdown_budget = Budget(self._shutdown_timeout)
 
     @property
     def workers(self) -> list[LocalWorker]:
