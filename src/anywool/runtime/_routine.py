@@ -143,7 +143,7 @@ async def run_sync(fn: Callable[[Unpack[Ts]], T], *args: Unpack[Ts]) -> T:
     is, at its next Python bytecode or when a blocking system call such as ``time.sleep``
     returns), so its ``finally`` blocks run, and the cancellation reaches the caller once they
     have. If ``fn`` cannot be interrupted (C code holding the GIL, or it catches that exception
-    and goes on) the caller waits no longer than the pool's ``cancel_timeout`` (1 s by
+    and goes on) the caller waits no longer than the pool's ``cancel_grace`` (1 s by
     default): a worker the pool spawned is then ended and replaced.
 
     :param fn: a plain callable; not a coroutine function or async generator function.
