@@ -154,8 +154,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="bounds-publish-waits-past-lock-timeout",
         path="src/anywool/discovery/local/_local.py",
-        old="held.lease.id, lock_timeout=self.lock_timeout,",
-        new="held.lease.id, lock_timeout=self.lock_timeout and self.lock_timeout + 2,",
+        old="metadata, held.lease.id, lock_timeout=self.lock_timeout,",
+        new="metadata, held.lease.id, lock_timeout=self.lock_timeout and self.lock_timeout + 2,",
         tests=(f"{BOUNDS}::test_a_publish_on_a_wedged_registry_gives_up_at_lock_timeout",),
         why="README: a publish waits at most lock_timeout seconds, then raises TimeoutError",
     ),
