@@ -20,7 +20,7 @@ import pytest
 from anywool import LocalDiscovery, WorkerPool, WorkerProxy
 from anywool.discovery import _hub
 from anywool.discovery.local import _claim
-from anywool.runtime import _auth, _interrupt, _local_worker, _nested, _pool, _worker
+from anywool.runtime import _gatekeeper, _interrupt, _local_worker, _nested, _pool, _worker
 from anywool.testing import _pools, _settle
 from anywool.testing import hold_registry_lock, owner_process
 
@@ -83,10 +83,10 @@ DEFAULTS = [
      "3 s for a worker that ignores its stop to obey SIGTERM before SIGKILL"),
     ("slot given up: dies within", lambda: _pool._MIN_UPTIME, 2.0, "dies within 2 s of starting"),
     ("slot given up: times in a row", lambda: _pool._MAX_START_FAILURES, 3, "3 times in a row"),
-    ("handshake deadline", lambda: _auth.HANDSHAKE_TIMEOUT, 5.0,
-     "A worker authenticates at most 64 peers at once, 5 s each"),
-    ("handshakes at once", lambda: _worker.MAX_HANDSHAKES, 64,
-     "A worker authenticates at most 64 peers at once"),
+    ("pending handshake deadline", lambda: _gatekeeper.PENDING_HANDSHAKE_TIMEOUT, 2.0,
+     "gives each 2 s from its accept to finish"),
+    ("pending handshakes at once", lambda: _gatekeeper.MAX_PENDING_HANDSHAKES, 256,
+     "A worker keeps at most 256 handshakes pending"),
     # The pytest plugin's.
     ("worker_pool shutdown_timeout", lambda: _pools.DEFAULTS["shutdown_timeout"], 5.0,
      "shutdown_timeout and announce_timeout of 5 s"),
