@@ -152,6 +152,23 @@ MUTATIONS: list[Mutation] = [
                "test_a_worker_refuses_to_listen_on_tcp_without_credentials",),
         why="DESIGN §8: a TCP listener authenticates its peer before unpickling anything",
     ),
+    Mutation(
+        name="secret-left-in-worker-environment",
+        path="src/anywool/_secret.py",
+        old="text = os.environ.pop(_CHILD_ENV, None)",
+        new="text = os.environ.get(_CHILD_ENV)",
+        tests=("tests/integration/test_tcp.py::"
+               "test_the_secret_is_not_on_the_command_line_nor_left_in_the_environment",),
+        why="_secret: the worker removes the secret from its environment at start-up",
+    ),
+    Mutation(
+        name="tls-encrypted-key-not-named",
+        path="src/anywool/runtime/_auth.py",
+        old="    raise _EncryptedKey\n",
+        new="    return b\"\"\n",
+        tests=("tests/unit/test_auth.py::test_mutual_tls_refuses_an_encrypted_key",),
+        why="README: a key file with a pass phrase is refused",
+    ),
     # -- signed LAN records ------------------------------------------------------------------
     Mutation(
         name="lan-record-signature-unchecked",
@@ -359,6 +376,60 @@ MUTATIONS: list[Mutation] = [
         new="MAX_BLOCK_SIZE = (512 << 10) + 1",
         tests=(f"{_LIMITS}::test_registry_capacity_and_block_size_take_their_documented_ranges",),
         why="LocalDiscovery docstring: block_size 1 to 512 KiB",
+    ),
+    # -- lease and max_concurrency: at most k -------------------------------------------------
+    Mutation(
+        name="proxy-lease-admits-one-more",
+        path="src/anywool/runtime/_proxy.py",
+        old="return borrowed >= self._lease",
+        new="return borrowed > self._lease",
+        tests=("tests/unit/test_proxy.py::"
+               "test_a_lease_caps_the_admitted_workers_and_frees_a_place_on_drop",),
+        why="README: lease=k admits at most k workers found through discovery",
+    ),
+    Mutation(
+        name="worker-runs-one-over-its-bound",
+        path="src/anywool/runtime/_server.py",
+        old="self.stop.in_flight < self.max_concurrency",
+        new="self.stop.in_flight <= self.max_concurrency",
+        tests=("tests/integration/test_admission.py::"
+               "test_a_worker_at_its_bound_refuses_a_call_before_running_it",),
+        why="README: max_concurrency bounds how many calls each worker runs at once",
+    ),
+    Mutation(
+        name="pool-sends-one-over-the-bound",
+        path="src/anywool/runtime/_connection.py",
+        old="self._running >= self._limit",
+        new="self._running > self._limit",
+        tests=("tests/integration/test_admission.py::test_each_place_freed_wakes_one_waiting_call",
+               "tests/integration/test_admission.py::"
+               "test_calls_beyond_every_workers_bound_wait_for_room"),
+        why="README: a pool never sends a worker more calls than its max_concurrency",
+    ),
+    # -- durations ---------------------------------------------------------------------------
+    Mutation(
+        name="a-week-refused",
+        path="src/anywool/_validate.py",
+        old="or (value == 0 and not allow_zero) or value > MAX_SECONDS:",
+        new="or (value == 0 and not allow_zero) or value >= MAX_SECONDS:",
+        tests=(f"{_LIMITS}::test_a_week_is_the_longest_duration_accepted",),
+        why="LocalDiscovery and pool docstrings: durations of at most a week",
+    ),
+    Mutation(
+        name="interval-floor-raised",
+        path="src/anywool/_validate.py",
+        old="MIN_INTERVAL = 0.01",
+        new="MIN_INTERVAL = 0.02",
+        tests=(f"{_LIMITS}::test_an_interval_of_0_01_seconds_is_accepted_and_less_refused",),
+        why="LocalDiscovery docstring: poll_interval and reap_interval of 0.01 s to a week",
+    ),
+    Mutation(
+        name="interval-floor-lowered",
+        path="src/anywool/_validate.py",
+        old="    if value < floor:",
+        new="    if value < floor / 2:",
+        tests=(f"{_LIMITS}::test_an_interval_of_0_01_seconds_is_accepted_and_less_refused",),
+        why="LocalDiscovery docstring: poll_interval and reap_interval of 0.01 s to a week",
     ),
     # -- filters and tags exclude ------------------------------------------------------------
     Mutation(

@@ -252,3 +252,21 @@ def test_registry_capacity_and_block_size_take_their_documented_ranges() -> None
     with pytest.raises(ValueError, match=f"block_size must be between 1 and {512 << 10}, got "
                                          f"{(512 << 10) + 1}"):
         LocalDiscovery("jobs", capacity=1, block_size=(512 << 10) + 1)
+
+
+# -- durations: at most a week; repeated work at most every 0.01 s ------------------------------
+
+
+def test_a_week_is_the_longest_duration_accepted() -> None:
+    week = 7 * 24 * 3600
+    assert LocalDiscovery("jobs", lock_timeout=week, poll_interval=week, reap_interval=week)
+    with pytest.raises(ValueError, match=f"^lock_timeout must be >= 0 and at most {week} "):
+        LocalDiscovery("jobs", lock_timeout=week + 0.001)
+
+
+def test_an_interval_of_0_01_seconds_is_accepted_and_less_refused() -> None:
+    assert LocalDiscovery.Subscriber("jobs", poll_interval=0.01).poll_interval == 0.01
+    LocalDiscovery("jobs", poll_interval=0.01, reap_interval=0.01)
+    for name in ("poll_interval", "reap_interval"):
+        with pytest.raises(ValueError, match=f"^{name} must be at least 0.01 seconds"):
+            LocalDiscovery("jobs", **{name: 0.0099})
