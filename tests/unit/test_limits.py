@@ -29,6 +29,7 @@ from anywool import (
 )
 from anywool.cli._worker_command import _read_secret, worker as worker_command
 from anywool.discovery.local import _claim
+from anywool.metadata import WorkerMetadata
 from anywool.runtime import _wire
 from anywool.runtime._wire import Frame, FrameError, FrameStream, Kind
 from tests.helpers import worker
@@ -222,7 +223,7 @@ async def test_a_default_registry_holds_128_workers_and_refuses_the_129th(namesp
     assert info.value.capacity == 128
 
 
-def _metadata_of(size: int) -> object:
+def _metadata_of(size: int) -> WorkerMetadata:
     """Worker metadata whose encoding is exactly ``size`` bytes."""
     padded = worker(extra={"pad": ""})
     while len(padded.to_bytes()) < size:
@@ -259,7 +260,7 @@ def test_registry_capacity_and_block_size_take_their_documented_ranges() -> None
 
 def test_a_week_is_the_longest_duration_accepted() -> None:
     week = 7 * 24 * 3600
-    assert LocalDiscovery("jobs", lock_timeout=week, poll_interval=week, reap_interval=week)
+    LocalDiscovery("jobs", lock_timeout=week, poll_interval=week, reap_interval=week)
     with pytest.raises(ValueError, match=f"^lock_timeout must be >= 0 and at most {week} "):
         LocalDiscovery("jobs", lock_timeout=week + 0.001)
 
