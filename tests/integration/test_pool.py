@@ -204,6 +204,31 @@ async def test_pool_borrowing_a_namespace_dispatches_to_the_owners_worker(namesp
     _assert_gone([owner_pid])
 
 
+async def test_a_pool_with_tags_never_dispatches_to_a_found_worker_lacking_them(
+        namespace: str) -> None:
+    from uuid import UUID
+
+    from ..helpers import wait_until
+
+    with anyio.fail_after(60):
+        async with LocalWorker(tags={namespace}) as lacking, \
+                LocalWorker(tags={"gpu", "x"}) as found, \
+                WorkerPool(spawn=1, discovery=LocalDiscovery(namespace), tags={"gpu"}) as pool, \
+                LocalDiscovery.Publisher(namespace) as publisher:
+            (own,) = pool.workers
+            assert own.metadata.tags == {"gpu", namespace}  # the pool's tags and its namespace
+            await publisher.publish("worker-added", lacking.metadata)  # in the namespace, no "gpu"
+            await publisher.publish("worker-added", found.metadata)  # found, and carries "gpu"
+
+            def connected() -> set[UUID]:
+                return {w.uid for w in pool.proxy.workers}
+
+            # Published after the lacking one: once it is connected, the lacking one was seen.
+            await wait_until(lambda: found.metadata.uid in connected(), "the found worker")
+            assert {await worker_pid() for _ in range(9)} == {own.pid, found.pid}
+            assert lacking.metadata.uid not in connected()
+
+
 @pytest.mark.parametrize(
     ("spawn", "error", "match"),
     [(0, ValueError, "spawn must be between 1 and 1024, got 0"),

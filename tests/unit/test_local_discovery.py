@@ -247,6 +247,27 @@ async def test_update_of_unknown_worker_raises_and_drop_is_noop(namespace):
         await publisher.publish("worker-dropped", stranger)
 
 
+async def test_the_filter_keeps_non_matching_workers_out_of_the_subscriber(namespace):
+    def gpu(metadata) -> bool:
+        return "gpu" in metadata.tags
+
+    with anyio.fail_after(10):
+        async with LocalDiscovery(namespace, filter=gpu) as discovery, \
+                discovery.publisher as publisher:
+            cpu, first = worker(tags={"cpu"}), worker(tags={"gpu"})
+            await publisher.publish("worker-added", cpu)
+            await publisher.publish("worker-added", first)
+            async with anyio.create_task_group() as tg:
+                events = await follow(tg, discovery.subscriber)
+                assert await take(events, 1) == [("worker-added", first.uid)]
+                await publisher.publish("worker-updated", worker(uid=cpu.uid, tags={"cpu", "x"}))
+                last = worker(tags={"gpu"})
+                await publisher.publish("worker-added", last)
+                # Events arrive in order: cpu, in the snapshot or updated, would come first.
+                assert await take(events, 1) == [("worker-added", last.uid)]
+                tg.cancel_scope.cancel()
+
+
 async def test_capacity_is_stamped_by_owner_and_governs_borrowers(namespace):
     async with LocalDiscovery(namespace, capacity=2), LocalDiscovery.Publisher(namespace) as publisher:
         await publisher.publish("worker-added", worker())

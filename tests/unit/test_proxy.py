@@ -163,6 +163,22 @@ async def test_a_pool_uri_proxy_dispatches_only_to_admitted_workers(namespace: s
                 assert proxy.workers == [admitted.metadata]
 
 
+async def test_a_proxy_with_tags_never_dispatches_to_a_worker_lacking_one() -> None:
+    discovery = FakeDiscovery()
+    with anyio.fail_after(30):
+        async with LocalWorker(tags={"gpu"}) as partial, \
+                LocalWorker(tags={"gpu", "cuda", "x"}) as carrying:
+            await discovery.publisher.publish("worker-added", partial.metadata)
+            async with WorkerProxy(discovery.subscriber, tags={"gpu", "cuda"},
+                                   quorum_timeout=0.5) as proxy:
+                # It carries one of the two tags, not both: it may take no call.
+                with pytest.raises(NoWorkersAvailable, match="carries every tag of"):
+                    await pid()
+                await discovery.publisher.publish("worker-added", carrying.metadata)
+                assert [await pid() for _ in range(4)] == [carrying.pid] * 4
+                assert proxy.workers == [carrying.metadata]
+
+
 # -- quorum and lease -----------------------------------------------------------------------
 
 
