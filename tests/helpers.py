@@ -198,9 +198,9 @@ def result_of(payload: bytes) -> object:
 
 def exception_of(payload: bytes) -> BaseException:
     """The exception an EXCEPTION frame's payload carries."""
-    from anywool.runtime import _envelope, _serializer
+    from anywool.runtime import _envelope, _exceptions
 
-    return _serializer.loads_exception(_envelope.decode_reply(payload)[0].stream())
+    return _exceptions.loads_exception(_envelope.decode_reply(payload)[0].stream())
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ from anywool import (
     DiscoveryWorkerNotFound,
     SerializationWarning,
 )
-from anywool.runtime import _serializer as serializer
+from anywool.runtime import _exceptions as exceptions
 from anywool.runtime import _wire as wire
 
 FIELDS = {
@@ -40,11 +40,11 @@ errors = st.one_of(
 
 
 def through_exception_frame(error: BaseException) -> BaseException:
-    frame = wire.Frame(wire.Kind.EXCEPTION, 7, serializer.dumps_exception(error))
+    frame = wire.Frame(wire.Kind.EXCEPTION, 7, exceptions.dumps_exception(error))
     data = wire.encode(frame)
     decoded = wire.decode_body(data[4:])
     assert decoded.kind is wire.Kind.EXCEPTION and decoded.call_id == 7
-    return serializer.loads_exception(decoded.payload)
+    return exceptions.loads_exception(decoded.payload)
 
 
 def assert_same(clone: BaseException, error: BaseException) -> None:

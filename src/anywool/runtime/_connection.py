@@ -39,6 +39,7 @@ from anywool.errors import (
 )
 from anywool.runtime import _auth, _context, _ctrl_c, _socket, _wakeup
 from anywool.runtime import _envelope as envelope
+from anywool.runtime import _exceptions
 from anywool.runtime import _serializer as serializer
 from anywool.runtime._envelope import CallRequest, Origin, Step
 from anywool.runtime._serializer import Pickled
@@ -756,7 +757,7 @@ class _Call:
                 self._update(changes)
             except (FrameError, SerializationError) as exc:
                 return exc
-            return serializer.loads_exception(data.stream())
+            return _exceptions.loads_exception(data.stream())
         if frame.kind == Kind.NACK:
             return CallNotDelivered(self.connection.address, "the worker refused the call")
         return WorkerError(self.connection.address, f"unexpected {frame.kind.name} frame")
@@ -951,7 +952,7 @@ async def drive_stream(
                             call.finished = True
                 raise
             except BaseException as exc:  # athrow(): forward it into the remote generator
-                kind, payload = Kind.ATHROW, Pickled([serializer.dumps_exception(exc)])
+                kind, payload = Kind.ATHROW, Pickled([_exceptions.dumps_exception(exc)])
             else:
                 kind, payload = Kind.ASEND, (
                     _NONE if sent is None

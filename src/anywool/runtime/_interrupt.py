@@ -92,11 +92,22 @@ def interrupted(exc: BaseException) -> bool:
     cancellations): how an interruption comes out of a routine's task group."""
     if isinstance(exc, Interrupted):
         return True
-    if isinstance(exc, BaseExceptionGroup):
-        cancelled = anyio.get_cancelled_exc_class()
-        matched, rest = exc.split(Interrupted)
-        return matched is not None and (rest is None or rest.split(cancelled)[1] is None)
-    return False
+    if not isinstance(exc, BaseExceptionGroup):
+        return False
+    # A walk rather than BaseExceptionGroup.split, which recurses once per level of nesting:
+    # a group a routine raised may be nested deeper than the recursion limit.
+    cancelled = anyio.get_cancelled_exc_class()
+    found = False
+    pending: list[BaseException] = [exc]
+    while pending:
+        each = pending.pop()
+        if isinstance(each, Interrupted):
+            found = True
+        elif isinstance(each, BaseExceptionGroup):
+            pending.extend(each.exceptions)
+        elif not isinstance(each, cancelled):
+            return False
+    return found
 
 
 def _machinery_roots() -> tuple[str, ...]:

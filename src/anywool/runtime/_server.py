@@ -33,6 +33,7 @@ from anyio.abc import ByteStream
 from anywool.errors import PayloadTooLarge, RoutineAborted, RoutineCancelled, SerializationError
 from anywool.runtime import _context, _interrupt
 from anywool.runtime import _envelope as envelope
+from anywool.runtime import _exceptions
 from anywool.runtime import _serializer as serializer
 from anywool.runtime._callgroup import CallGroup, Scope, open_call_group, scope_factory
 from anywool.runtime._nested import NestedProxies
@@ -481,7 +482,7 @@ class Server:
                         sent = serializer.loads_value(step.value, call.name,
                                                       "the value sent to it", self._on)
                     elif frame.kind == Kind.ATHROW:
-                        thrown = serializer.loads_exception(step.value.stream())
+                        thrown = _exceptions.loads_exception(step.value.stream())
                 except Exception as exc:
                     await self._reply_exception(frames, call, exc)
                     return
@@ -619,13 +620,13 @@ class Server:
             except SerializationError as error:
                 exc.add_note(f"(its context-variable changes were lost: {error})")
         limit = payload_limit(frames.max_frame_size)
-        data = Pickled([serializer.dumps_exception(exc)])
+        data = Pickled([_exceptions.dumps_exception(exc)])
         if changes is not None and envelope.encode_reply(data, changes).nbytes > limit:
             exc.add_note(f"(its context-variable changes were lost: {sum(changes.sizes())} "
                          "bytes do not fit one frame)")
-            data, changes = Pickled([serializer.dumps_exception(exc)]), None
+            data, changes = Pickled([_exceptions.dumps_exception(exc)]), None
         if envelope.encode_reply(data).nbytes > limit:
-            data = Pickled([serializer.dumps_exception(RuntimeError(
+            data = Pickled([_exceptions.dumps_exception(RuntimeError(
                 f"{type(exc).__name__}: {str(exc)[:1000]} (too large to send)"))])
         await frames.send_parts(Kind.EXCEPTION, call.id, envelope.encode_reply(data, changes))
 
