@@ -26,6 +26,7 @@ COMMAND = "from anywool.cli import main; main()"
 async def host(*args: str) -> tuple[Child, list[str]]:
     """Start ``anywool worker ARGS``; its worker lines once it says ``ready``."""
     child = await start(COMMAND, "worker", *args)
+    assert await child.readline() == "starting"
     lines = []
     while (line := await child.readline()) != "ready":
         lines.append(line)
