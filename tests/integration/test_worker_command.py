@@ -8,6 +8,7 @@ import signal
 from pathlib import Path
 
 import anyio
+import psutil
 import pytest
 
 from anywool._address import Address
@@ -26,6 +27,7 @@ COMMAND = "from anywool.cli import main; main()"
 async def host(*args: str) -> tuple[Child, list[str]]:
     """Start ``anywool worker ARGS``; its worker lines once it says ``ready``."""
     child = await start(COMMAND, "worker", *args)
+    assert await child.readline() == "starting"
     lines = []
     while (line := await child.readline()) != "ready":
         lines.append(line)
@@ -157,3 +159,92 @@ async def test_a_second_signal_cuts_the_drain_short(namespace: str, tmp_path: Pa
             assert (tmp_path / "finally").read_text() == "finally ran"
         finally:
             await stop([child])
+
+
+# Where in the command's start-up the stop signal is sent: as soon as the process exists (it may
+# arrive before the command handles signals), once it said ``starting`` (as its event loop
+# starts), once its first worker process exists (the pool spawning), once both exist (the pool
+# connecting and announcing them, just before ``ready``).
+ARRIVALS = ("spawned", "starting", "first worker", "all workers")
+# Seconds a command stopped during its start-up gets to exit. It takes far less; a signal lost
+# in the start-up leaves it serving indefinitely.
+STOP_BOUND = 30
+
+
+async def _workers_of(child: Child, count: int) -> set[int]:
+    """The pids of the command's worker processes, once it has ``count`` of them."""
+    command = psutil.Process(child.pid)
+
+    def workers() -> set[int]:
+        found = set()
+        for process in command.children():
+            try:
+                if "anywool.worker" in process.cmdline():
+                    found.add(process.pid)
+            except psutil.NoSuchProcess:
+                pass
+        return found
+
+    with anyio.fail_after(30):
+        while len(found := workers()) < count:
+            await anyio.sleep(0.005)
+    return found
+
+
+async def _read_to_the_end(child: Child, lines: list[str]) -> None:
+    """Add standard output's lines to ``lines`` until the command closes it."""
+    try:
+        while True:
+            lines.append(await child.readline())
+    except anyio.EndOfStream:
+        pass
+
+
+async def _stop_during_start_up(namespace: str, backend: str, signum: signal.Signals,
+                                arrival: str) -> None:
+    child = await start(COMMAND, "worker", "--discovery", "local", "--namespace", namespace,
+                        "--workers", "2", "--backend", backend, capture_stderr=True)
+    try:
+        lines: list[str] = []
+        workers: set[int] = set()
+        if arrival != "spawned":
+            lines.append(await child.readline())
+            assert lines == ["starting"]
+        if arrival in ("first worker", "all workers"):
+            workers = await _workers_of(child, 1 if arrival == "first worker" else 2)
+        child.process.send_signal(signum)
+        with anyio.move_on_after(STOP_BOUND):
+            await _read_to_the_end(child, lines)
+            await child.wait()
+        status = child.process.returncode
+        if status is None:
+            pytest.fail(f"still running {STOP_BOUND} s after {signum.name} at {arrival!r}: "
+                        f"it said {lines}")
+        where = f"{signum.name} at {arrival!r}: {lines}, status {status}"
+        if not lines:
+            # Before the command handles signals: they end it the default way (SIGINT is a
+            # KeyboardInterrupt: click's "Aborted!", or Python's own exit by SIGINT).
+            expected = {-signal.SIGTERM} if signum == signal.SIGTERM else {-signal.SIGINT, 1}
+            assert status in expected, where
+        else:
+            assert status == 0, where + "\n" + (await child.read_stderr()).decode()
+            assert lines[0] == "starting" and lines[-2:] == ["stopping", "stopped"], where
+            middle = lines[1:-2]  # the start was cut short, or had just finished
+            assert middle == [] or (middle[-1] == "ready" and len(middle) == 3 and all(
+                line.startswith("worker unix:/") for line in middle[:-1])), where
+        with anyio.fail_after(10):
+            while any(psutil.pid_exists(pid) for pid in workers):
+                await anyio.sleep(0.01)
+    finally:
+        await stop([child])
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+async def test_a_signal_during_the_start_up_stops_the_command(
+        namespace: str, anyio_backend: str, signum: signal.Signals) -> None:
+    # All at once: each command's load also moves the others' arrivals around their start-up.
+    with anyio.fail_after(STOP_BOUND + 60):
+        async with anyio.create_task_group() as tg:
+            for i, arrival in enumerate(ARRIVALS):
+                tg.start_soon(_stop_during_start_up, f"{namespace}-{i}", anyio_backend, signum,
+                              arrival)

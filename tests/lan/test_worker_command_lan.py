@@ -44,6 +44,7 @@ async def host(namespace: str, secret_path: Path, backend: str, workers: int = 2
                         "--workers", str(workers), "--secret-file", str(secret_path),
                         "--interface", "127.0.0.1", "--backend", backend)
     lines = [] if lines is None else lines
+    assert await child.readline() == "starting"
     while (line := await child.readline()) != "ready":
         lines.append(line)
     assert len(lines) == workers

@@ -70,14 +70,45 @@ def _chain(exc: BaseException) -> list[BaseException]:
      LocalDiscovery("x")],
     ids=["class", "callable", "object", "int", "discovery-like"],
 )
-def test_construction_refuses_what_is_not_a_subscriber_instance(discovery: object) -> None:
+@pytest.mark.parametrize("keyword", [False, True], ids=["positional", "discovery="])
+def test_construction_refuses_what_is_not_a_subscriber_instance(discovery: object,
+                                                                keyword: bool) -> None:
     with pytest.raises(TypeError, match="discovery must be a DiscoverySubscriberLike"):
-        WorkerProxy(discovery)  # type: ignore[arg-type]
+        if keyword:
+            WorkerProxy(discovery=discovery)  # type: ignore[arg-type]
+        else:
+            WorkerProxy(discovery)  # type: ignore[arg-type]
 
 
 def test_extra_positional_tags_belong_to_the_pool_uri_form() -> None:
     with pytest.raises(TypeError, match="pool-URI form"):
         WorkerProxy(LocalDiscovery.Subscriber("x"), "gpu")
+
+
+def test_a_subscriber_given_as_discovery_is_the_proxys_as_given() -> None:
+    subscriber = LocalDiscovery.Subscriber("jobs")
+    proxy = WorkerProxy(discovery=subscriber, lazy=False)
+    assert proxy.discovery is subscriber
+    assert repr(proxy) == repr(WorkerProxy(subscriber))
+    assert pickle.loads(pickle.dumps(proxy)).discovery == subscriber
+
+
+def test_a_discovery_given_both_positionally_and_as_discovery_is_refused() -> None:
+    with pytest.raises(TypeError, match="takes its discovery once.*got both"):
+        WorkerProxy(LocalDiscovery.Subscriber("x"),  # type: ignore[call-overload]
+                    discovery=LocalDiscovery.Subscriber("y"))
+    with pytest.raises(TypeError, match="takes its discovery once"):
+        WorkerProxy("jobs", "gpu", discovery=LocalDiscovery.Subscriber("y"))  # type: ignore[call-overload]
+
+
+def test_a_proxy_without_a_discovery_is_refused_naming_both_forms() -> None:
+    with pytest.raises(TypeError, match=r"needs its discovery.*discovery=subscriber.*pool URI"):
+        WorkerProxy()  # type: ignore[call-overload]
+
+
+def test_a_pool_uri_given_as_discovery_is_refused_pointing_at_the_positional_form() -> None:
+    with pytest.raises(TypeError, match=r"pool URI is given positionally: WorkerProxy\('jobs'\)"):
+        WorkerProxy(discovery="jobs")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -190,6 +221,16 @@ async def test_a_non_lazy_proxy_enters_once_its_quorum_is_connected() -> None:
             await discovery.publisher.publish("worker-added", second.metadata)
             async with WorkerProxy(discovery.subscriber, lazy=False, quorum=2) as proxy:
                 assert {w.uid for w in proxy.workers} == {first.metadata.uid, second.metadata.uid}
+
+
+async def test_a_proxy_given_its_subscriber_as_discovery_dispatches_to_its_workers() -> None:
+    discovery = FakeDiscovery()
+    with anyio.fail_after(30):
+        async with LocalWorker() as only:
+            await discovery.publisher.publish("worker-added", only.metadata)
+            async with WorkerProxy(discovery=discovery.subscriber, lazy=False) as proxy:
+                assert proxy.workers == [only.metadata]
+                assert [await pid() for _ in range(2)] == [only.pid] * 2
 
 
 async def test_a_quorum_that_cannot_be_met_times_out_at_entry() -> None:

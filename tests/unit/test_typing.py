@@ -39,3 +39,9 @@ def test_resolved_is_typed_as_the_single_expected_type_or_keeps_the_dependencys(
 
 def test_a_context_variable_is_typed_by_its_default_or_its_annotation():
     assert _pyright("tests/typing/context_types.py") == []
+
+
+def test_a_proxy_takes_its_discovery_positionally_or_as_discovery_exactly_once():
+    errors = _pyright("tests/typing/proxy_types.py")
+    # The three forms type-check; no discovery, both, and a str as discovery= do not.
+    assert [e["range"]["start"]["line"] + 1 for e in errors] == [9, 10, 11]

@@ -7,9 +7,18 @@ dispatches to them by subscribing to that namespace. On SIGINT or SIGTERM the co
 taking calls, withdraws the workers, lets their calls drain for ``--drain`` seconds, stops them
 and exits 0; a second signal cuts the drain short.
 
-Standard output is for scripts: one ``worker <address> pid <pid>`` line per worker, then
-``ready``; ``stopping`` when the first signal arrives, and ``stopped`` at the end; each line is
-flushed at once.
+Standard output is for scripts: ``starting`` once the command handles the signals itself, one
+``worker <address> pid <pid>`` line per worker, then ``ready``; ``stopping`` when the first
+signal arrives, and ``stopped`` at the end; each line is flushed at once. A signal that arrives
+after ``starting`` and before ``ready`` cuts the start short: the workers already spawned are
+stopped, ``stopping`` and ``stopped`` are said and the command exits 0 without ``ready``. One
+that arrives before ``starting`` ends the command at once the default way (SIGTERM kills it,
+SIGINT interrupts it as it does any Python program).
+
+Signals are never ignored between ``starting`` and the end: until the event loop's receiver is
+open, and again after it closes, a handler notes them (a signal noted before the receiver opened
+stops the command before it starts anything); only once the command is done are they ignored,
+so that one arriving as the interpreter exits does not kill it after it said ``stopped``.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import os
 import signal
 import stat
 import sys
+from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -143,10 +153,12 @@ def worker(discovery: str, namespace: str, workers: int, host: str | None,
                           shutdown_timeout=drain)
     except (TypeError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
-    # Ignored outside the receiver below: a signal that arrives as it closes (trio delivers
-    # those again then) must not kill the command before it has said it stopped.
+    # Noted, never ignored, until the event loop's receiver takes over: one that arrives while
+    # the command starts must stop it (it is honoured as soon as the receiver opens).
+    _noted.clear()
     for number in _SIGNALS:
-        signal.signal(number, signal.SIG_IGN)
+        signal.signal(number, _note_signal)
+    _say("starting")
     try:
         anyio.run(partial(_host, pool), backend=backend)
     except BaseException as exc:
@@ -154,9 +166,21 @@ def worker(discovery: str, namespace: str, workers: int, host: str | None,
         if reason is None:
             raise
         raise click.ClickException(str(reason)) from None
+    finally:
+        # Done: a signal now must not kill the command as it exits (Python restores the
+        # default handlers during its shutdown, except for ignored signals).
+        for number in _SIGNALS:
+            signal.signal(number, signal.SIG_IGN)
 
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+# The signals that arrived while the event loop's receiver was not open.
+_noted: list[int] = []
+
+
+def _note_signal(number: int, _frame: object) -> None:
+    _noted.append(number)
 
 
 def _expected(exc: BaseException) -> BaseException | None:
@@ -170,24 +194,45 @@ def _expected(exc: BaseException) -> BaseException | None:
 
 async def _host(pool: WorkerPool) -> None:
     """Run the pool until the first signal, then exit it (drain, withdraw, stop); a second
-    signal cuts the drain short."""
-    with anyio.open_signal_receiver(*_SIGNALS) as signals:
-        async with anyio.create_task_group() as tg:
-            stop = anyio.Event()
+    signal cuts the drain short. A signal before the pool is ready cuts its start short, and one
+    noted before the receiver opened stops the command before the pool is entered."""
+    try:
+        with anyio.open_signal_receiver(*_SIGNALS) as signals:
+            # Every signal from here on reaches the receiver: signal.signal() runs the pending
+            # handlers before it replaces them, so one that arrived in between was noted.
+            if _noted:
+                _say("stopping")
+            else:
+                await _serve(pool, signals)
+    finally:
+        for number in _SIGNALS:  # asyncio resets them to the default as the receiver closes
+            signal.signal(number, _note_signal)
+    _say("stopped")
 
-            async def watch() -> None:
-                async for _ in signals:
-                    if stop.is_set():
-                        tg.cancel_scope.cancel()  # the pool's exit still stops its workers
-                    else:
-                        _say("stopping")
-                        stop.set()
 
-            tg.start_soon(watch)
+async def _serve(pool: WorkerPool, signals: AsyncIterator[signal.Signals]) -> None:
+    async with anyio.create_task_group() as tg:
+        stop = anyio.Event()
+        start_up = anyio.CancelScope()
+        ready = False
+
+        async def watch() -> None:
+            async for _ in signals:
+                if stop.is_set():
+                    tg.cancel_scope.cancel()  # the pool's exit still stops its workers
+                else:
+                    _say("stopping")
+                    stop.set()
+                    if not ready:
+                        start_up.cancel()
+
+        tg.start_soon(watch)
+        # Cancelled only while the pool starts: its entry then stops what it had spawned.
+        with start_up:
             async with pool:
+                ready = True
                 for hosted in pool.workers:
                     _say(f"worker {hosted.address} pid {hosted.pid}")
                 _say("ready")
                 await stop.wait()
-            tg.cancel_scope.cancel()
-    _say("stopped")
+        tg.cancel_scope.cancel()

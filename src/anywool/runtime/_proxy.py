@@ -16,11 +16,12 @@ later dispatch with that exception at once.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 from uuid import UUID
 
 import anyio
@@ -111,25 +112,60 @@ class _InFlight:
             await self.idle.wait()
 
 
+class _NotGiven(enum.Enum):
+    """The default of WorkerProxy's two ways to give its discovery (``None`` is a bad value)."""
+
+    NOT_GIVEN = enum.auto()
+
+
+_NOT_GIVEN = _NotGiven.NOT_GIVEN
+
+
+def _one_discovery(positional: object, keyword: object) -> object:
+    """The discovery given to WorkerProxy, positionally or as ``discovery=``; exactly one."""
+    if keyword is _NOT_GIVEN:
+        if positional is _NOT_GIVEN:
+            raise TypeError(
+                "WorkerProxy needs its discovery: a subscriber instance, WorkerProxy(subscriber) "
+                "or WorkerProxy(discovery=subscriber), or a pool URI, WorkerProxy(namespace, "
+                "*tags)"
+            )
+        return positional
+    if positional is not _NOT_GIVEN:
+        raise TypeError(
+            "WorkerProxy takes its discovery once, positionally or as discovery=, got both "
+            f"{positional!r} and discovery={keyword!r}"
+        )
+    if isinstance(keyword, str):
+        raise TypeError(
+            "discovery must be a DiscoverySubscriberLike instance, got the str "
+            f"{keyword!r}; a pool URI is given positionally: WorkerProxy({keyword!r})"
+        )
+    return keyword
+
+
 class WorkerProxy(SingleUse):
     """Dispatch routines to the workers reported by a discovery subscriber.
 
     ``async with WorkerProxy(subscriber):`` makes this proxy the active one for routines called
     in the block (and in tasks started from it).
 
-    Two ways to say where the workers are:
+    Two ways to say where the workers are, exactly one of them:
 
-    - ``WorkerProxy(subscriber)``: any :class:`~anywool.DiscoverySubscriberLike` *instance*,
-      iterated and never entered (enter a context-manager subscriber where its lifetime is owned,
-      e.g. by giving it to a :class:`~anywool.WorkerPool`);
-    - ``WorkerProxy("jobs", "gpu", ...)`` (*pool URI*): borrows
+    - ``WorkerProxy(subscriber)`` or ``WorkerProxy(discovery=subscriber)``: any
+      :class:`~anywool.DiscoverySubscriberLike` *instance*, iterated and never entered (enter a
+      context-manager subscriber where its lifetime is owned, e.g. by giving it to a
+      :class:`~anywool.WorkerPool`);
+    - ``WorkerProxy("jobs", "gpu", ...)`` (*pool URI*, positional only): borrows
       ``LocalDiscovery.Subscriber("jobs")`` and admits exactly the workers whose tags share at
       least one of ``{"jobs", "gpu", ...}`` (a pool tags its workers with its namespace). It
       claims nothing: with no live owner of ``"jobs"`` it fails with
       :class:`~anywool.errors.DiscoveryNamespaceNotFound`.
 
-    :param discovery: a subscriber instance, or a namespace (``str``).
+    :param subscriber_or_namespace: (positional only) a subscriber instance, or a namespace
+        (``str``) for the pool-URI form.
     :param uri_tags: more tags for the pool-URI form (``str``).
+    :param discovery: (keyword only) a subscriber instance; the same as giving it positionally.
     :param loadbalancer: chooses the worker per call (default: a new
         :class:`~anywool.RoundRobinLoadBalancer`).
     :param tags: further, admit only workers whose tags include all of these (``None``: no
@@ -154,9 +190,11 @@ class WorkerProxy(SingleUse):
         the one its pool handed it).
     :param tls: mutual TLS (:class:`~anywool.MutualTLS`) for TCP workers (``None``: on a
         worker, its own).
-    :raises TypeError: ``discovery`` is a class, a callable, or neither a subscriber nor a
-        ``str``; ``uri_tags`` are given with a subscriber or are not ``str``; ``loadbalancer``
-        is not a ``LoadBalancerLike`` instance; ``tags`` is a ``str``; a count is not an ``int``.
+    :raises TypeError: the discovery is a class, a callable, or neither a subscriber nor a
+        ``str`` (``discovery=`` takes no ``str``: a pool URI is positional); it is given both
+        positionally and as ``discovery=``, or neither way; ``uri_tags`` are given with a
+        subscriber or are not ``str``; ``loadbalancer`` is not a ``LoadBalancerLike`` instance;
+        ``tags`` is a ``str``; a count is not an ``int``.
     :raises ValueError: a timeout or count is out of range, or ``secret`` is too short.
 
     A TCP worker is used only once both sides have authenticated (see
@@ -178,9 +216,10 @@ class WorkerProxy(SingleUse):
     on a worker authenticates with that worker's own.
     """
 
+    @overload
     def __init__(
         self,
-        discovery: DiscoverySubscriberLike | str,
+        subscriber_or_namespace: DiscoverySubscriberLike | str,
         /,
         *uri_tags: str,
         loadbalancer: LoadBalancerLike | None = None,
@@ -194,23 +233,62 @@ class WorkerProxy(SingleUse):
         cancel_grace: float = 1.0,
         secret: bytes | str | None = None,
         tls: _auth.MutualTLS | None = None,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self,
+        /,
+        *,
+        discovery: DiscoverySubscriberLike,
+        loadbalancer: LoadBalancerLike | None = None,
+        tags: Iterable[str] | None = None,
+        lazy: bool = True,
+        quorum: int = 1,
+        quorum_timeout: float = 10.0,
+        lease: int | None = None,
+        connect_timeout: float = 10.0,
+        cancel_timeout: float = 5.0,
+        cancel_grace: float = 1.0,
+        secret: bytes | str | None = None,
+        tls: _auth.MutualTLS | None = None,
+    ) -> None: ...
+
+    def __init__(
+        self,
+        subscriber_or_namespace: DiscoverySubscriberLike | str | _NotGiven = _NOT_GIVEN,
+        /,
+        *uri_tags: str,
+        discovery: DiscoverySubscriberLike | _NotGiven = _NOT_GIVEN,
+        loadbalancer: LoadBalancerLike | None = None,
+        tags: Iterable[str] | None = None,
+        lazy: bool = True,
+        quorum: int = 1,
+        quorum_timeout: float = 10.0,
+        lease: int | None = None,
+        connect_timeout: float = 10.0,
+        cancel_timeout: float = 5.0,
+        cancel_grace: float = 1.0,
+        secret: bytes | str | None = None,
+        tls: _auth.MutualTLS | None = None,
     ) -> None:
+        where = _one_discovery(subscriber_or_namespace, discovery)
         self._uri: str | None = None
         self._uri_tags = _validate.tag_set("uri_tags", uri_tags)
-        if isinstance(discovery, str):
+        if isinstance(where, str):
             from anywool.discovery import LocalDiscovery
 
-            self._uri = discovery
-            source = LocalDiscovery.Subscriber(discovery)
+            self._uri = where
+            source = LocalDiscovery.Subscriber(where)
             subscriber: DiscoverySubscriberLike = afilter(
-                SharesATag({discovery, *self._uri_tags}), source)
+                SharesATag({where, *self._uri_tags}), source)
         else:
             if uri_tags:
                 raise TypeError(
                     "extra positional tags belong to the pool-URI form WorkerProxy(namespace, "
                     f"*tags); with a subscriber, pass tags=..., got {uri_tags!r}"
                 )
-            subscriber = source = _check_subscriber(discovery)
+            subscriber = source = _check_subscriber(where)
         # What a NoWorkersAvailable says: the namespace, and why (see _why_none).
         self._source: object = source
         self._namespace = getattr(source, "namespace", None)

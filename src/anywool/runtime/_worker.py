@@ -391,8 +391,8 @@ def main(argv: list[str] | None = None) -> None:
     # Default SIGINT handling would raise KeyboardInterrupt; we want "drain" instead.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     serializer.take_interrupts_as_values()  # so only a value can raise one here
-    # An ignored signal stays ignored across exec: a parent that ignores SIGTERM (as the
-    # `anywool worker` command does around its own handling) must not make us ignore it.
+    # An ignored signal stays ignored across exec: a parent that ignores SIGTERM (a
+    # supervisor's or a shell's choice) must not make us ignore it.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # Before any thread, event loop or listener exists: the sidecar is forked from us as we are.
     lifeline = _start_lifeline(options.address, options.home)
