@@ -299,13 +299,3 @@ def dumps_context(values: dict[str, Any], routine: str, where: str = "") -> Pick
         raise SerializationError(routine, "the values of its context variables",
                                  f"cannot be pickled{where} ({type(exc).__name__}: {exc})") \
             from exc
-
-
-def __getattr__(name: str) -> Any:
-    # dumps_exception and loads_exception lived here before runtime._exceptions, which imports
-    # this module (hence no import at the top): code written against the old place still works.
-    if name in ("dumps_exception", "loads_exception"):
-        from anywool.runtime import _exceptions
-
-        return getattr(_exceptions, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,7 +21,8 @@ import concurrent.futures
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
 
-from zeroconf import DNSText, InterfaceChoice, RecordUpdateListener, Zeroconf
+from zeroconf import InterfaceChoice, RecordUpdateListener, Zeroconf
+from zeroconf._dns import DNSText
 from zeroconf._utils.time import current_time_millis
 from zeroconf.const import _CLASS_IN, _CLASS_UNIQUE, _TYPE_PTR, _TYPE_TXT
 
