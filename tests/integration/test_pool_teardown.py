@@ -220,7 +220,9 @@ POOL = """
 import os, sys, anyio
 from anywool import LocalDiscovery, WorkerPool
 async def main():
-    async with WorkerPool(spawn=2, discovery=LocalDiscovery(sys.argv[1])) as pool:
+    # Both workers connected, so both made their socket directories before the kill.
+    async with WorkerPool(spawn=2, lazy=False, quorum=2,
+                          discovery=LocalDiscovery(sys.argv[1])) as pool:
         print(*[w.pid for w in pool.workers], flush=True)
         await anyio.sleep_forever()
 anyio.run(main, backend=sys.argv[2])
@@ -341,7 +343,9 @@ POOL_GROUP = """
 import os, sys, anyio
 from anywool import LocalDiscovery, WorkerPool
 async def main():
-    async with WorkerPool(spawn=2, discovery=LocalDiscovery(sys.argv[1])) as pool:
+    # Both workers connected, so both made their socket directories before the kill.
+    async with WorkerPool(spawn=2, lazy=False, quorum=2,
+                          discovery=LocalDiscovery(sys.argv[1])) as pool:
         print(*[w.pid for w in pool.workers], flush=True)
         await anyio.sleep_forever()
 anyio.run(main, backend=sys.argv[2])
