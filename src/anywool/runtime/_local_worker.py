@@ -13,6 +13,7 @@ What this module must never do: leave a process unreaped, or a socket file behin
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -60,6 +61,9 @@ def current_backend() -> str:
     return sniffio.current_async_library()
 
 
+# One value per process: reading the distribution's metadata again for every worker took time
+# and left some of it behind in importlib's caches (issue 21: memory per pool cycle).
+@functools.cache
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
