@@ -13,6 +13,7 @@ What this module must never do: leave a process unreaped, or a socket file behin
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -60,6 +61,9 @@ def current_backend() -> str:
     return sniffio.current_async_library()
 
 
+# One value per process: reading the distribution's metadata again for every worker took time
+# and left some of it behind in importlib's caches (issue 21: memory per pool cycle).
+@functools.cache
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -125,7 +129,9 @@ class LocalWorker(SingleUse):
 
     Entering raises :class:`~anywool.errors.WorkerError` when the process does not start or
     report its address within ``startup_timeout`` (the process is killed and reaped first), and
-    ``RuntimeError`` on a second entry. Exiting is :meth:`stop` with ``shutdown_timeout``: the
+    ``RuntimeError`` on a second entry. A cancelled entry, even one cancelled while the process
+    is being spawned, kills and reaps the process (and removes its socket) before the
+    cancellation propagates. Exiting is :meth:`stop` with ``shutdown_timeout``: the
     drain may be cut short by the caller's cancellation, and then the process is terminated,
     killed if need be, and always reaped and its socket file removed, bounded in time; it never
     raises an ``Exception``.
@@ -213,9 +219,14 @@ class LocalWorker(SingleUse):
             # group) reaches the caller only, which cancels its calls and stops its workers;
             # reaching the workers too, it would make each drain and exit by itself, racing the
             # pool's own exit (which would see them exit and start replacements).
-            process = await anyio.open_process(
-                command, stdin=-1, stdout=-1, stderr=None, cwd=os.getcwd(), env=env,
-                start_new_session=True)
+            # Shielded: a cancellation taken while the process is being set up would leave it
+            # unrecorded, so unreaped (asyncio kills it there but does not wait for it).
+            # Creating it is local and bounded; the cancellation is taken at the next
+            # checkpoint, below, where the process is killed and reaped.
+            with anyio.CancelScope(shield=True):
+                process = await anyio.open_process(
+                    command, stdin=-1, stdout=-1, stderr=None, cwd=os.getcwd(), env=env,
+                    start_new_session=True)
         except OSError as exc:
             raise WorkerError("unstarted", f"could not start {command}: {exc}") from exc
         self._process = process

@@ -162,7 +162,9 @@ class WorkerPool(SingleUse):
     ``lazy=False`` and the quorum is not met in ``quorum_timeout``, and whatever entering the
     discovery raises (e.g. :class:`~anywool.errors.DiscoveryNamespaceInUse`, or
     :class:`~anywool.errors.DiscoveryNamespaceNotFound` for a non-lazy borrower with no owner to
-    borrow from); what was entered before the failure is exited first.
+    borrow from); what was entered before the failure is exited first. A cancelled entry
+    (at any stage, a worker's spawning included) stops and reaps every worker process it
+    started, and removes their sockets and its namespace, before the cancellation propagates.
 
     Exiting: new calls raise ``RuntimeError``; ``worker-dropped`` is announced for the spawned
     workers (within ``announce_timeout``); the pool's own calls in flight may finish within

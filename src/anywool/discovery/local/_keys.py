@@ -28,7 +28,10 @@ def namespace_key(namespace: str) -> str:
     return _key(namespace, KEY_BYTES)
 
 
-@functools.lru_cache(maxsize=1024)
+# A few entries serve the hot path (one namespace's snapshots and binds, again and again). Many
+# would keep every namespace a process ever used, fresh ``anywool-<uuid>`` ones of short-lived
+# pools included, and a namespace may be long: the cache was a pool cycle's main leftover.
+@functools.lru_cache(maxsize=32)
 def _key(namespace: str, size: int) -> str:
     raw = hashlib.blake2b(b"ns\0" + _encode(namespace), digest_size=size).digest()
     return base64.b32encode(raw).decode("ascii").rstrip("=").lower()
