@@ -1,0 +1,322 @@
+"""Mutations of README's behaviour promises (issue 21, part 3): cancellation, teardown, errors
+and their fields, the ownership model, what crosses with a call (context variables,
+exceptions, generator steps), run_sync, nested calls, and the commands' lines and exit codes.
+
+Each one breaks one promise with a plausible one-line slip; its tests are those that must fail.
+Limits and security checks are in security.py, time bounds and defaults in bounds.py.
+"""
+
+from mutate import Mutation
+
+_CONNECTION = "src/anywool/runtime/_connection.py"
+_SERVER = "src/anywool/runtime/_server.py"
+
+MUTATIONS: list[Mutation] = [
+    # -- cancellation ----------------------------------------------------------------------
+    Mutation(
+        name="caller-cancellation-becomes-routine-cancelled",
+        path=_CONNECTION,
+        old="""        except anyio.get_cancelled_exc_class():
+            await self.abort()
+            raise
+        frame = frames.popleft()""",
+        new="""        except anyio.get_cancelled_exc_class():
+            await self.abort()
+            raise RoutineCancelled(self.name, self.connection.address) from None
+        frame = frames.popleft()""",
+        tests=("tests/integration/test_pool.py::test_cancelling_the_caller_runs_the_routines_finally_on_the_worker",),
+        why="README: cancelling an await cancels the routine; the caller's cancellation is re-raised",
+    ),
+    Mutation(
+        name="cancel-does-not-wait-for-the-unwind",
+        path=_CONNECTION,
+        old="""                            if kind == Kind.CANCELLING:
+                                taken = True
+                                break""",
+        new="""                            if kind == Kind.CANCELLING:
+                                return""",
+        tests=("tests/integration/test_pool.py::test_cancelling_the_caller_runs_the_routines_finally_on_the_worker",),
+        why="README: its finally blocks have run when the cancellation reaches you",
+    ),
+    Mutation(
+        name="server-ignores-cancel-frame",
+        path=_SERVER,
+        old="""        if frame.kind == Kind.CANCEL:
+            call.cancel()
+""",
+        new="""        if frame.kind == Kind.CANCEL:
+            pass
+""",
+        tests=("tests/integration/test_pool.py::test_cancelling_the_caller_runs_the_routines_finally_on_the_worker",),
+        why="README: cancelling an await cancels the routine on its worker",
+    ),
+    Mutation(
+        name="withdrawn-call-runs-anyway",
+        path=_SERVER,
+        old="""                call.cancel()
+                await anyio.lowlevel.checkpoint()
+            await frames.send(Frame(Kind.ACK""",
+        new="""                pass
+            await frames.send(Frame(Kind.ACK""",
+        tests=("tests/integration/test_interrupt.py::test_a_call_cancelled_while_its_worker_still_loads_it_never_runs",),
+        why="README: a call that may have started runs at most once; a call cancelled before it "
+            "started never runs",
+    ),
+    Mutation(
+        name="call-lost-after-acceptance-counts-as-undelivered",
+        path=_CONNECTION,
+        old="""            if self.accepted:
+                raise lost from None""",
+        new="""            if False:
+                raise lost from None""",
+        tests=("tests/integration/test_faults.py::test_kill_worker_fails_the_call_in_flight_on_that_worker",
+               "tests/integration/test_robustness.py::test_a_worker_that_dies_mid_call_fails_that_call_and_is_evicted"),
+        why="README: calls in flight on a lost connection raise WorkerError; anything that may "
+            "have run runs at most once (only an undelivered call is sent again)",
+    ),
+    Mutation(
+        name="generator-not-closed-when-caller-cancelled",
+        path=_SERVER,
+        old="""                try:
+                    await agen.aclose()
+                except anyio.get_cancelled_exc_class():""",
+        new="""                try:
+                    pass
+                except anyio.get_cancelled_exc_class():""",
+        tests=("tests/integration/test_pool.py::test_cancelling_a_streaming_caller_runs_the_generators_finally",),
+        why="README: cancelling an await cancels the routine on its worker, its finally blocks "
+            "run (an async generator is closed on its worker)",
+    ),
+    Mutation(
+        name="nested-call-shielded-from-the-tree",
+        path="src/anywool/runtime/_nested.py",
+        old="""        return await self._owner._host(self._origin).dispatch(fn, args, kwargs, plain=plain)""",
+        new="""        with anyio.CancelScope(shield=True):
+            return await self._owner._host(self._origin).dispatch(fn, args, kwargs, plain=plain)""",
+        tests=("tests/integration/test_nested.py::test_cancelling_the_outermost_call_cancels_the_whole_tree",),
+        why="README: cancelling the outermost call cancels the whole tree",
+    ),
+    # -- async generator routines ----------------------------------------------------------
+    Mutation(
+        name="asend-value-dropped",
+        path=_CONNECTION,
+        old="""                    _NONE if sent is None
+                    else serializer.dumps_value(sent, call.name, "the value sent to it"))""",
+        new="""                    _NONE)""",
+        tests=("tests/integration/test_pool.py::test_async_generator_routine_supports_asend_athrow_aclose",),
+        why="README: an async generator routine is driven step by step (asend sends its value)",
+    ),
+    Mutation(
+        name="athrow-sent-as-asend",
+        path=_CONNECTION,
+        old="""                kind, payload = Kind.ATHROW, Pickled([serializer.dumps_exception(exc)])""",
+        new="""                kind, payload = Kind.ASEND, _NONE""",
+        tests=("tests/integration/test_pool.py::test_async_generator_routine_supports_asend_athrow_aclose",),
+        why="README: an async generator routine is driven step by step (athrow throws into it)",
+    ),
+    # -- errors and their fields -----------------------------------------------------------
+    Mutation(
+        name="routine-cancelled-fields-swapped",
+        path=_SERVER,
+        old="""RoutineCancelled(call.name, self.address))""",
+        new="""RoutineCancelled(self.address, call.name))""",
+        tests=("tests/integration/test_pool.py::test_routine_cancelled_by_its_worker_raises_routine_cancelled",),
+        why="README: a routine cancelled by its worker shutting down raises RoutineCancelled "
+            "(routine, address)",
+    ),
+    Mutation(
+        name="routine-aborted-without-cause",
+        path=_SERVER,
+        old="""        aborted.__cause__ = exc""",
+        new="""        aborted.__cause__ = None""",
+        tests=("tests/integration/test_dispatch_edges.py::test_a_base_exception_arrives_as_routine_aborted_and_the_worker_goes_on",),
+        why="README: arrives as anywool.RoutineAborted, with the original as its __cause__",
+    ),
+    Mutation(
+        name="no-workers-without-namespace",
+        path="src/anywool/runtime/_proxy.py",
+        old="""        raise NoWorkersAvailable(await self._why_none(), self._namespace)""",
+        new="""        raise NoWorkersAvailable(await self._why_none())""",
+        tests=("tests/integration/test_no_workers.py::test_a_pool_that_spawns_none_where_none_are_published_says_so",),
+        why="README: NoWorkersAvailable, whose namespace and message say where it looked",
+    ),
+    Mutation(
+        name="no-workers-reason-omits-the-tags",
+        path="src/anywool/runtime/_proxy.py",
+        old="""f"every tag of {sorted(self._tags or ())} {waited}\"""",
+        new="""f"every tag {waited}\"""",
+        tests=("tests/integration/test_no_workers.py::test_a_pool_requiring_tags_no_published_worker_has_names_them",),
+        why="README: NoWorkersAvailable's message says why it found none (the workers there "
+            "lack the pool's tags)",
+    ),
+    Mutation(
+        name="namespace-in-use-fields-swapped",
+        path="src/anywool/discovery/local/_claim.py",
+        old="""        return DiscoveryNamespaceInUse(namespace, str(target), _owner_pid(target))""",
+        new="""        return DiscoveryNamespaceInUse(str(target), namespace, _owner_pid(target))""",
+        tests=("tests/integration/test_faults.py::test_owner_process_raises_the_error_that_kept_the_child_from_owning",),
+        why="README: a second claim raises DiscoveryNamespaceInUse (its namespace and owner)",
+    ),
+    Mutation(
+        name="borrowing-a-missing-namespace-raises-file-not-found",
+        path="src/anywool/discovery/local/_binding.py",
+        old="""    except (FileNotFoundError, NotADirectoryError):
+        raise DiscoveryNamespaceNotFound(namespace) from None""",
+        new="""    except NotADirectoryError:
+        raise DiscoveryNamespaceNotFound(namespace) from None""",
+        tests=("tests/integration/test_cross_process.py::test_borrowing_pool_on_missing_namespace_raises_not_found",),
+        why="README: borrowers raise DiscoveryNamespaceNotFound when no live owner holds it",
+    ),
+    Mutation(
+        name="routine-without-pool-raises-lookup-error",
+        path="src/anywool/runtime/_routine.py",
+        old="""        raise RuntimeError(
+            "cannot dispatch a routine: no WorkerPool""",
+        new="""        raise LookupError(
+            "cannot dispatch a routine: no WorkerPool""",
+        tests=("tests/integration/test_run_sync.py::test_run_sync_with_no_pool_active_raises_runtime_error",),
+        why="README: calling a routine with no pool active raises RuntimeError",
+    ),
+    Mutation(
+        name="run-sync-accepts-a-routine",
+        path="src/anywool/runtime/_routine.py",
+        old="""inspect.isasyncgenfunction(fn) or is_routine(fn):""",
+        new="""inspect.isasyncgenfunction(fn):""",
+        tests=("tests/integration/test_run_sync.py::test_an_async_function_or_routine_is_refused_with_type_error_before_anything_is_sent",),
+        why="README: run_sync of a routine raises TypeError (await a routine instead)",
+    ),
+    # -- context variables -----------------------------------------------------------------
+    Mutation(
+        name="context-not-applied-on-the-worker",
+        path=_SERVER,
+        old="""                _context.apply(values)
+                await self._run_coroutine""",
+        new="""                await self._run_coroutine""",
+        tests=("tests/integration/test_context.py::test_the_callers_values_reach_the_routine_and_its_nested_calls",),
+        why="README: a call carries the values its caller has set for every anywool.ContextVar",
+    ),
+    Mutation(
+        name="context-changes-lost-when-the-routine-raises",
+        path=_CONNECTION,
+        old="""                data, changes = envelope.decode_reply(frame.payload)
+                self._update(changes)
+            except (FrameError""",
+        new="""                data, changes = envelope.decode_reply(frame.payload)
+            except (FrameError""",
+        tests=("tests/integration/test_context.py",),
+        why="README: what the routine sets is set in the caller's context when the await "
+            "returns (or raises)",
+    ),
+    Mutation(
+        name="context-changes-lost-when-the-routine-returns",
+        path=_CONNECTION,
+        old="""        data, changes = envelope.decode_reply(frame.payload)
+        self._update(changes)
+        return serializer""",
+        new="""        data, changes = envelope.decode_reply(frame.payload)
+        return serializer""",
+        tests=("tests/integration/test_context.py::test_what_the_routine_sets_is_set_in_the_caller_after_the_await",),
+        why="README: what the routine sets is set in the caller's context when the await returns",
+    ),
+    Mutation(
+        name="context-not-applied-at-a-generator-step",
+        path=_SERVER,
+        old="""                _context.apply(values)
+                item: Any = None""",
+        new="""                item: Any = None""",
+        tests=("tests/integration/test_context.py::test_values_travel_at_every_step_of_an_async_generator",),
+        why="README: an async generator routine does the same at every step",
+    ),
+    Mutation(
+        name="current-task-caller-id-dropped",
+        path=_CONNECTION,
+        old="""            _running_task_id(),
+            origin,""",
+        new="""            None,
+            origin,""",
+        tests=("tests/integration/test_nested.py", "tests/integration/test_dispatch_edges.py::test_current_task_describes_the_call_on_its_worker"),
+        why="README: current_task().caller_id is the id of the call of the routine that called "
+            "this one",
+    ),
+    # -- exceptions crossing ---------------------------------------------------------------
+    Mutation(
+        name="exception-context-not-prepared-for-pickling",
+        path="src/anywool/runtime/_serializer.py",
+        old="""        pending.extend(e for e in (each.__cause__, each.__context__) if e is not None)""",
+        new="""        pending.extend(e for e in (each.__cause__,) if e is not None)""",
+        tests=("tests/integration/test_pool.py::test_exception_arrives_with_type_message_and_remote_traceback",),
+        why="README: what a routine raises reaches the caller with its __cause__ and __context__",
+    ),
+    # -- teardown: nothing left ------------------------------------------------------------
+    Mutation(
+        name="owner-exit-leaves-its-files",
+        path="src/anywool/discovery/local/_claim.py",
+        old="""                _remove_generation(self.root, self.path, self.dir_fd)""",
+        new="""                pass""",
+        tests=("tests/unit/test_local_discovery.py",),
+        why="README: the owner's exit removes every file of the namespace",
+    ),
+    Mutation(
+        name="killed-worker-socket-left-behind",
+        path="src/anywool/runtime/_local_worker.py",
+        old="""                await process.aclose()
+            self._remove_socket()""",
+        new="""                await process.aclose()""",
+        tests=("tests/integration/test_faults.py::test_kill_worker_makes_the_pool_withdraw_and_replace_the_worker",),
+        why="README: a pool's exit leaves nothing on disk (a killed worker's socket directory "
+            "is removed once it is reaped)",
+    ),
+    Mutation(
+        name="exit-does-not-ask-workers-to-cancel",
+        path="src/anywool/runtime/_proxy.py",
+        old="""                    await connection.cancel_all()""",
+        new="""                    pass""",
+        tests=("tests/integration/test_pool_teardown.py::test_calls_still_running_at_shutdown_timeout_are_cancelled_on_their_worker",),
+        why="README: calls still running after shutdown_timeout are cancelled: they raise "
+            "RoutineCancelled after their finally blocks ran",
+    ),
+    Mutation(
+        name="exiting-proxy-keeps-taking-calls",
+        path="src/anywool/runtime/_proxy.py",
+        old="""        self._active = False
+        if self._token is not None:""",
+        new="""        if self._token is not None:""",
+        tests=("tests/integration/test_pool_teardown.py::test_a_call_made_after_exit_began_is_refused",),
+        why="README: on exit a pool stops taking calls (a late call raises RuntimeError)",
+    ),
+    Mutation(
+        name="borrower-creates-the-runtime-directory",
+        path="src/anywool/discovery/local/_binding.py",
+        old="""root or runtime_dir(create=False))""",
+        new="""root or runtime_dir(create=True))""",
+        tests=("tests/integration/test_pool_modes.py::test_a_non_lazy_borrowing_pool_without_owner_fails_fast_and_creates_nothing",),
+        why="README: borrowers never create anything",
+    ),
+    # -- commands --------------------------------------------------------------------------
+    Mutation(
+        name="worker-command-never-says-stopped",
+        path="src/anywool/cli/_worker_command.py",
+        old="""    _say("stopped")""",
+        new="""    pass""",
+        tests=("tests/integration/test_worker_command.py::test_a_pool_elsewhere_dispatches_to_the_hosted_workers",),
+        why="README: on SIGINT or SIGTERM it prints stopping, ..., prints stopped and exits 0",
+    ),
+    Mutation(
+        name="watch-of-an-unowned-namespace-exits-0",
+        path="src/anywool/cli/_watch_command.py",
+        old="""                    return f"namespace {namespace!r} has no live owner\"""",
+        new="""                    return None""",
+        tests=("tests/integration/test_ops_cli.py::test_an_unknown_namespace_is_exit_1",),
+        why="README: a namespace without a live owner when the watch starts is exit status 1",
+    ),
+    Mutation(
+        name="reclaim-of-an-unknown-namespace-exits-0",
+        path="src/anywool/cli/_reclaim_command.py",
+        old="""            if state is None:
+                raise click.ClickException(""",
+        new="""            if state is None:
+                raise SystemExit(0) or click.ClickException(""",
+        tests=("tests/integration/test_ops_cli.py::test_an_unknown_namespace_is_exit_1",),
+        why="README: exit status 1 means no generation of NS exists (show, reclaim NS)",
+    ),
+]
