@@ -108,6 +108,14 @@ async def test_publisher_on_missing_namespace_raises_and_creates_nothing(namespa
                 pass
     assert info.value.namespace == namespace
     assert os.listdir(runtime_dir) == []
+    # Nor the runtime directory itself, where there is none yet.
+    absent = runtime_dir / "absent"
+    with anyio.fail_after(10), pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ANYWOOL_RUNTIME_DIR", str(absent))
+        with pytest.raises(DiscoveryNamespaceNotFound):
+            async with LocalDiscovery.Publisher(namespace):
+                pass
+    assert not absent.exists()
 
 
 async def test_subscriber_on_missing_namespace_raises_and_creates_nothing(namespace, runtime_dir):
@@ -117,6 +125,14 @@ async def test_subscriber_on_missing_namespace_raises_and_creates_nothing(namesp
                 pass
     assert os.listdir(runtime_dir) == []
     assert all(key[0] != _keys.namespace_key(namespace) for key in _hub.stats())
+    # Nor the runtime directory itself, where there is none yet.
+    absent = runtime_dir / "absent"
+    with anyio.fail_after(10), pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ANYWOOL_RUNTIME_DIR", str(absent))
+        with pytest.raises(DiscoveryNamespaceNotFound):
+            async for _ in LocalDiscovery.Subscriber(namespace):
+                pass
+    assert not absent.exists()
 
 
 async def test_borrowers_work_without_entering_the_owner_instance(namespace):
