@@ -324,4 +324,136 @@ MUTATIONS: list[Mutation] = [
         tests=("tests/integration/test_ops_cli.py::test_an_unknown_namespace_is_exit_1",),
         why="README: exit status 1 means no generation of NS exists (show, reclaim NS)",
     ),
+    # -- second round ----------------------------------------------------------------------
+    Mutation(
+        name="teardown-forceful-part-not-shielded",
+        path="src/anywool/_teardown.py",
+        old="""        with anyio.CancelScope(shield=True), anyio.move_on_after(forceful_timeout) as scope:""",
+        new="""        with anyio.CancelScope(), anyio.move_on_after(forceful_timeout) as scope:""",
+        tests=("tests/integration/test_pool_teardown.py::test_cancelling_the_task_exiting_a_pool_leaks_no_worker",),
+        why="README: cancelling an exit ends its waiting, and the workers are still terminated "
+            "and reaped before the cancellation propagates",
+    ),
+    Mutation(
+        name="pool-is-not-single-use",
+        path="src/anywool/_owner.py",
+        old="""        if self._entered:""",
+        new="""        if False:""",
+        tests=("tests/integration/test_pool.py::test_pool_is_single_use",),
+        why="README/STYLE: an owner is a scope, entered once (a second entry raises RuntimeError)",
+    ),
+    Mutation(
+        name="pool-takes-a-discovery-another-pool-entered",
+        path="src/anywool/runtime/_pool.py",
+        old="""            if id(discovery) in _ENTERED_BY_POOLS:""",
+        new="""            if False:""",
+        tests=("tests/integration/test_pool_modes.py::test_a_discovery_another_pool_entered_is_refused",),
+        why="README: a discovery a pool entered belongs to that pool: giving the same instance to "
+            "a second pool raises RuntimeError",
+    ),
+    Mutation(
+        name="pool-enters-a-discovery-its-caller-entered",
+        path="src/anywool/runtime/_pool.py",
+        old="""        def is_value(obj: object) -> bool:
+            if _is_entered(obj):""",
+        new="""        def is_value(obj: object) -> bool:
+            if False:""",
+        tests=("tests/integration/test_pool_modes.py::test_a_discovery_its_caller_entered_serves_two_pools",),
+        why="README: a LocalDiscovery you entered yourself stays yours",
+    ),
+    Mutation(
+        name="undelivered-call-not-tried-elsewhere",
+        path="src/anywool/runtime/_loadbalancer.py",
+        old="""            except CallNotDelivered as exc:
+                last = exc""",
+        new="""            except CallNotDelivered as exc:
+                raise""",
+        tests=("tests/integration/test_admission.py::test_a_worker_at_its_bound_refuses_a_call_before_running_it",
+               "tests/integration/test_dispatch_edges.py::test_a_draining_worker_loses_no_call_under_load"),
+        why="README: a full worker refuses a call before running any of it, and the load "
+            "balancer tries the next worker",
+    ),
+    Mutation(
+        name="dead-worker-not-withdrawn",
+        path="src/anywool/runtime/_pool.py",
+        old="""                    await self._announce(worker, "worker-dropped")
+                    self._own.discard""",
+        new="""                    self._own.discard""",
+        tests=("tests/integration/test_faults.py::test_kill_worker_makes_the_pool_withdraw_and_replace_the_worker",
+               "tests/integration/test_pool_modes.py::test_a_spawned_worker_that_dies_is_withdrawn_and_replaced"),
+        why="README: a spawned worker that dies is withdrawn from discovery at once and replaced",
+    ),
+    Mutation(
+        name="call-deadline-not-carried",
+        path=_CONNECTION,
+        old="""            None if streaming else _seconds_left(),""",
+        new="""            None,""",
+        tests=("tests/integration/test_dispatch_edges.py::test_the_callers_deadline_travels_with_the_call",),
+        why="README: the caller's effective deadline goes with the call; the routine runs under "
+            "it on the worker",
+    ),
+    Mutation(
+        name="step-deadline-not-carried",
+        path=_CONNECTION,
+        old="""Step(value, _seconds_left(), _dump_context(self.name))""",
+        new="""Step(value, None, _dump_context(self.name))""",
+        tests=("tests/integration/test_dispatch_edges.py::test_current_task_describes_the_call_on_its_worker",),
+        why="README: an async generator's steps each carry the deadline in effect where that "
+            "step is awaited",
+    ),
+    Mutation(
+        name="orphaned-subscription-drops-nothing",
+        path="src/anywool/discovery/_hub.py",
+        old="""                events = [DiscoveryEvent("worker-dropped", m) for m in self.view.values()]""",
+        new="""                events = []""",
+        tests=("tests/unit/test_local_discovery.py::test_owner_exit_drops_workers_then_successor_appears",),
+        why="README: when the owner exits, a live subscription reports worker-dropped for every "
+            "worker it knew, then follows the successor",
+    ),
+    Mutation(
+        name="orphaned-publisher-keeps-its-dead-binding",
+        path="src/anywool/discovery/local/_local.py",
+        old="""                if rebind and (held is None or not held.binding.is_live()):""",
+        new="""                if rebind and held is None:""",
+        tests=("tests/unit/test_local_discovery.py::test_orphaned_publisher_raises_then_rebinds_to_successor",),
+        why="README: when the owner exits, a publish raises DiscoveryNamespaceNotFound unless a "
+            "successor owner has claimed the namespace (the publisher then rebinds to it)",
+    ),
+    Mutation(
+        name="worker-command-never-says-stopping",
+        path="src/anywool/cli/_worker_command.py",
+        old="""                        _say("stopping")""",
+        new="""                        pass""",
+        tests=("tests/integration/test_worker_command.py::test_a_pool_elsewhere_dispatches_to_the_hosted_workers",
+               "tests/integration/test_worker_command.py::test_a_second_signal_cuts_the_drain_short"),
+        why="README: on SIGINT or SIGTERM it prints stopping",
+    ),
+    Mutation(
+        name="worker-command-line-without-pid",
+        path="src/anywool/cli/_worker_command.py",
+        old="""                    _say(f"worker {hosted.address} pid {hosted.pid}")""",
+        new="""                    _say(f"worker {hosted.address}")""",
+        tests=("tests/integration/test_worker_command.py::test_a_pool_elsewhere_dispatches_to_the_hosted_workers",),
+        why="README: prints one `worker <address> pid <pid>` line per worker and `ready`",
+    ),
+    Mutation(
+        name="show-of-an-unknown-namespace-exits-0",
+        path="src/anywool/cli/_show_command.py",
+        old="""        raise click.ClickException(f"no generation of namespace {namespace!r} in {where(root)}")
+    if as_json:""",
+        new="""        return
+    if as_json:""",
+        tests=("tests/integration/test_ops_cli.py::test_an_unknown_namespace_is_exit_1",),
+        why="README: exit status 1 means that no generation of NS exists (show, reclaim NS)",
+    ),
+    Mutation(
+        name="kill-worker-of-a-pool-without-spawned-workers",
+        path="src/anywool/testing/_faults.py",
+        old="""    if not workers:
+        raise ValueError(""",
+        new="""    if not workers:
+        raise RuntimeError(""",
+        tests=("tests/integration/test_faults.py::test_kill_worker_refuses_a_pool_that_runs_no_spawned_worker",),
+        why="README: kill_worker: ValueError when the pool runs no spawned worker",
+    ),
 ]

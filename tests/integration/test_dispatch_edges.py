@@ -569,7 +569,7 @@ async def who_am_i() -> tuple:
 @routine
 async def who_am_i_per_step():
     for _ in range(2):
-        yield anywool.current_task().name
+        yield anywool.current_task().name, anyio.current_effective_deadline() - anyio.current_time()
 
 
 async def test_current_task_describes_the_call_on_its_worker():
@@ -582,8 +582,11 @@ async def test_current_task_describes_the_call_on_its_worker():
             assert 0 < first[3] <= 60  # the caller's deadline, as the worker's clock has it
             with anyio.CancelScope(shield=True):  # no deadline travels from here
                 assert (await who_am_i())[3] == float("inf")
-            steps = [name async for name in who_am_i_per_step()]
-            assert steps == [steps[0]] * 2 and steps[0].endswith("who_am_i_per_step")
+            steps = [step async for step in who_am_i_per_step()]
+            names = [name for name, _ in steps]
+            assert names == [names[0]] * 2 and names[0].endswith("who_am_i_per_step")
+            # Each step runs under the deadline in effect where it is awaited.
+            assert all(0 < left <= 60 for _, left in steps), steps
     with pytest.raises(RuntimeError, match="inside a routine"):
         anywool.current_task()
 

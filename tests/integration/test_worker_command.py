@@ -3,6 +3,7 @@ from this one. (The LAN variant is in tests/lan.)"""
 
 from __future__ import annotations
 
+import re
 import secrets
 import signal
 from pathlib import Path
@@ -17,7 +18,7 @@ from anywool.errors import AuthenticationError
 from anywool.runtime._pool import WorkerPool
 
 from .children import Child, start, stop
-from .routines import letters, parent_pid
+from .routines import letters, parent_pid, whoami
 
 pytestmark = pytest.mark.anyio
 
@@ -40,10 +41,15 @@ async def test_a_pool_elsewhere_dispatches_to_the_hosted_workers(
         child, lines = await host("--discovery", "local", "--namespace", namespace,
                                   "--workers", "2", "--backend", anyio_backend)
         try:
-            assert len(lines) == 2 and all(line.startswith("worker unix:/") for line in lines)
+            # One `worker <address> pid <pid>` line per worker.
+            hosted = [re.fullmatch(r"worker (unix:/\S+) pid (\d+)", line) for line in lines]
+            assert len(hosted) == 2 and all(hosted), lines
+            pids = {int(match[2]) for match in hosted if match}
+            assert len(pids) == 2
             async with WorkerPool(discovery=LocalDiscovery.Subscriber(namespace), quorum=2,
                                   lazy=False):
                 assert {await parent_pid() for _ in range(4)} == {child.pid}
+                assert {await whoami() for _ in range(4)} <= pids
                 assert [c async for c in letters("abc")] == ["a", "b", "c"]
             child.process.send_signal(signal.SIGTERM)
             assert [await child.readline() for _ in range(2)] == ["stopping", "stopped"]
