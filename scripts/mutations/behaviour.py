@@ -203,7 +203,7 @@ MUTATIONS: list[Mutation] = [
             except (FrameError""",
         new="""                data, changes = envelope.decode_reply(frame.payload)
             except (FrameError""",
-        tests=("tests/integration/test_context.py",),
+        tests=("tests/integration/test_context.py::test_what_the_routine_sets_is_set_in_the_caller_after_the_await",),
         why="README: what the routine sets is set in the caller's context when the await "
             "returns (or raises)",
     ),
@@ -234,7 +234,7 @@ MUTATIONS: list[Mutation] = [
             origin,""",
         new="""            None,
             origin,""",
-        tests=("tests/integration/test_nested.py", "tests/integration/test_dispatch_edges.py::test_current_task_describes_the_call_on_its_worker"),
+        tests=("tests/integration/test_nested.py::test_a_routine_calls_routines_three_levels_deep",),
         why="README: current_task().caller_id is the id of the call of the routine that called "
             "this one",
     ),
@@ -257,7 +257,7 @@ MUTATIONS: list[Mutation] = [
         path="src/anywool/discovery/local/_claim.py",
         old="""                _remove_generation(self.root, self.path, self.dir_fd)""",
         new="""                pass""",
-        tests=("tests/unit/test_local_discovery.py",),
+        tests=("tests/unit/test_local_discovery.py::test_entry_claims_and_exit_removes_everything",),
         why="README: the owner's exit removes every file of the namespace",
     ),
     Mutation(
