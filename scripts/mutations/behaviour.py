@@ -456,4 +456,45 @@ MUTATIONS: list[Mutation] = [
         tests=("tests/integration/test_faults.py::test_kill_worker_refuses_a_pool_that_runs_no_spawned_worker",),
         why="README: kill_worker: ValueError when the pool runs no spawned worker",
     ),
+    # -- processes that end by themselves, and Ctrl-C ------------------------------------------
+    Mutation(
+        name="worker-ignores-stdin-eof",
+        path=_SERVER,
+        old="""            if not chunk:
+                self.stop.request(0)
+                return""",
+        new="""            if not chunk:
+                return""",
+        tests=("tests/integration/test_pool.py::test_worker_process_exits_and_removes_its_socket_at_stdin_eof",),
+        why="README: a pool killed with SIGKILL leaves nothing running: its workers notice "
+            "their stdin close and stop",
+    ),
+    Mutation(
+        name="worker-ignores-its-parents-death",
+        path=_SERVER,
+        old="""        await anyio.wait_readable(pidfd)
+        self.stop.request(0)""",
+        new="""        await anyio.wait_readable(pidfd)""",
+        tests=("tests/integration/test_pool_teardown.py::test_a_worker_stops_gracefully_when_its_pool_dies_while_its_stdin_is_held_elsewhere",),
+        why="README: a pool killed with SIGKILL leaves nothing running: its workers notice "
+            "their parent exit and stop",
+    ),
+    Mutation(
+        name="workers-share-the-scripts-session",
+        path="src/anywool/runtime/_local_worker.py",
+        old="""                start_new_session=True)""",
+        new="""                start_new_session=False)""",
+        tests=("tests/integration/test_ctrl_c.py::test_ctrl_c_to_the_process_group_ends_the_script_promptly_and_leaves_nothing",),
+        why="README: workers run in sessions of their own, so a terminal's Ctrl-C reaches the "
+            "script alone, which stops them",
+    ),
+    Mutation(
+        name="ctrl-c-during-exit-swallowed",
+        path="src/anywool/runtime/_ctrl_c.py",
+        old="""                previous(signal.SIGINT, sys._getframe())""",
+        new="""                pass""",
+        tests=("tests/integration/test_ctrl_c.py::test_a_ctrl_c_while_the_pool_exits_hurries_the_exit_and_still_ends_the_script",),
+        why="README: a Ctrl-C during the exit hurries it; the script still ends with "
+            "KeyboardInterrupt",
+    ),
 ]

@@ -5,7 +5,8 @@ environment and so its runtime directory) enters ``WorkerPool(spawn=2)`` on the 
 (the default ``cancel_grace`` of 1 s unless a test says otherwise), prints its namespace and
 its workers' pids, then ``ready``, then awaits a call that holds its worker's event loop: a
 pure-Python loop as a routine, the same as a plain function of ``run_sync``, or ``run_sync``
-of a regular expression that backtracks in C, holding the GIL.
+of a regular expression that backtracks in C, holding the GIL; or (``exiting``) it leaves the
+pool's block while such a call runs, so that the pool's exit is draining it.
 
 Ctrl-C (SIGINT, to the process group as a terminal sends it, or to the script alone) ends the
 script within 2 s, by a plain ``KeyboardInterrupt`` (exit status ``-SIGINT``), however many
@@ -79,7 +80,37 @@ async def main():
         else:
             await anywool.run_sync(backtrack, marker)
 
-anyio.run(main, backend=backend)
+async def spin_quietly(path):
+    try:
+        await spin(path)
+    except Exception:
+        pass  # ended by the pool's exit: what ends the script must be the Ctrl-C alone
+
+async def exiting():
+    # The pool exits while its call runs (the call is awaited outside its block), so its
+    # exit drains the call (for up to 60 s): that is where the Ctrl-C lands.
+    async with anyio.create_task_group() as tg:
+        async with anywool.WorkerPool(spawn=2, cancel_grace=float(grace),
+                                      shutdown_timeout=60) as pool:
+            print(pool.discovery.namespace, *[w.pid for w in pool.workers], flush=True)
+            print("ready", flush=True)
+            tg.start_soon(spin_quietly, marker)
+            while not os.path.exists(marker):
+                await anyio.sleep(0.01)
+            print("exiting", flush=True)
+    print("went on after the pool", flush=True)
+
+if kind != "exiting":
+    anyio.run(main, backend=backend)
+else:
+    try:
+        anyio.run(exiting, backend=backend)
+    except BaseExceptionGroup as group:
+        # Under trio the KeyboardInterrupt is raised where the main task waits, inside the
+        # task group around the pool, which wraps it (as any trio nursery does).
+        if len(group.exceptions) == 1 and isinstance(group.exceptions[0], KeyboardInterrupt):
+            raise group.exceptions[0] from None
+        raise
 """
 
 
@@ -258,6 +289,17 @@ async def test_a_second_ctrl_c_never_slows_the_exit_nor_changes_how_it_ends(
     with anyio.fail_after(60):
         async with _script(anyio_backend, kind, tmp_path, runtime_dir) as script:
             await _exit_after_ctrl_c(script, runtime_dir, group=True, again_after=again_after)
+
+
+async def test_a_ctrl_c_while_the_pool_exits_hurries_the_exit_and_still_ends_the_script(
+        anyio_backend: str, tmp_path: Path, runtime_dir: Path) -> None:
+    # The exit holds off a KeyboardInterrupt while it hurries (it must not land halfway
+    # through the teardown), then hands the Ctrl-C on: the script never goes on as if it had
+    # not been pressed.
+    with anyio.fail_after(60):
+        async with _script(anyio_backend, "exiting", tmp_path, runtime_dir) as script:
+            assert await script.child.readline() == "exiting"
+            await _exit_after_ctrl_c(script, runtime_dir, group=True)
 
 
 def _is_worker(process: psutil.Process) -> bool:
