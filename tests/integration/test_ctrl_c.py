@@ -262,6 +262,9 @@ async def test_ctrl_c_to_the_process_group_ends_the_script_promptly_and_leaves_n
         kind: str, anyio_backend: str, tmp_path: Path, runtime_dir: Path) -> None:
     with anyio.fail_after(60):
         async with _script(anyio_backend, kind, tmp_path, runtime_dir) as script:
+            # Workers run in sessions of their own: the group's Ctrl-C reaches the script
+            # alone, which stops them.
+            assert all(os.getsid(pid) == pid != script.pid for pid in script.worker_pids)
             await _exit_after_ctrl_c(script, runtime_dir, group=True)
 
 
