@@ -109,7 +109,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="athrow-sent-as-asend",
         path=_CONNECTION,
-        old="""                kind, payload = Kind.ATHROW, Pickled([serializer.dumps_exception(exc)])""",
+        old="""                kind, payload = Kind.ATHROW, Pickled([_exceptions.dumps_exception(exc)])""",
         new="""                kind, payload = Kind.ASEND, _NONE""",
         tests=("tests/integration/test_pool.py::test_async_generator_routine_supports_asend_athrow_aclose",),
         why="README: an async generator routine is driven step by step (athrow throws into it)",
@@ -239,13 +239,11 @@ MUTATIONS: list[Mutation] = [
             "this one",
     ),
     # -- exceptions crossing ---------------------------------------------------------------
-    # (Leaving __context__ out of _serializer._reachable is an equivalent mutant: tblib's
-    # install() registers the classes of an instance's whole chain by itself.)
     Mutation(
-        name="exception-pickled-without-its-traceback-and-chain",
-        path="src/anywool/runtime/_serializer.py",
-        old="""        pickling_support.install(each)""",
-        new="""        pass""",
+        name="exception-crosses-without-its-context",
+        path="src/anywool/runtime/_exceptions.py",
+        old="""        context = None if each.__context__ is None else number[id(each.__context__)]""",
+        new="""        context = None""",
         tests=("tests/integration/test_pool.py::test_exception_arrives_with_type_message_and_remote_traceback",
                "tests/integration/test_dispatch_edges.py::test_a_task_groups_exception_group_arrives_whole_on_both_backends"),
         why="README: what a routine raises reaches the caller with its type, message, "
@@ -422,8 +420,9 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="worker-command-never-says-stopping",
         path="src/anywool/cli/_worker_command.py",
-        old="""                        _say("stopping")""",
-        new="""                        pass""",
+        old="""                    _say("stopping")
+                    stop.set()""",
+        new="""                    stop.set()""",
         tests=("tests/integration/test_worker_command.py::test_a_pool_elsewhere_dispatches_to_the_hosted_workers",
                "tests/integration/test_worker_command.py::test_a_second_signal_cuts_the_drain_short"),
         why="README: on SIGINT or SIGTERM it prints stopping",
