@@ -223,12 +223,14 @@ class LocalWorker(SingleUse):
             # unrecorded, so unreaped (asyncio kills it there but does not wait for it).
             # Creating it is local and bounded; the cancellation is taken at the next
             # checkpoint, below, where the process is killed and reaped.
+            process: Process | None = None
             with anyio.CancelScope(shield=True):
                 process = await anyio.open_process(
                     command, stdin=-1, stdout=-1, stderr=None, cwd=os.getcwd(), env=env,
                     start_new_session=True)
         except OSError as exc:
             raise WorkerError("unstarted", f"could not start {command}: {exc}") from exc
+        assert process is not None  # a shield is never cancelled: it swallows nothing
         self._process = process
         try:
             address = await self._read_address(process)
