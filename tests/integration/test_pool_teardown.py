@@ -360,7 +360,10 @@ async def test_a_killed_process_groups_socket_directories_are_swept_by_the_next_
         try:
             pids = [int(p) for p in (await child.readline()).split()]
             # The pool and its workers at once (workers run in sessions of their own, out of
-            # the pool's process group): nobody cleans up.
+            # the pool's process group): nobody cleans up. The workers are stopped first, else
+            # one may see its pool gone (its lifeline) and remove its directory before its kill.
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
             child.kill(group=True)
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):

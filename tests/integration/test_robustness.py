@@ -236,12 +236,16 @@ async def test_a_flood_of_unauthenticated_peers_holds_a_bounded_number_of_descri
                 worker.address, credentials=Credentials(SECRET)) as good:
             process = psutil.Process(worker.pid)
             before = process.num_fds()
-            silent = [await _connect(worker.address) for _ in range(MAX_PENDING_HANDSHAKES + 40)]
+            # The worker's descriptors, read after every connection: pending handshakes also
+            # end at their 2 s deadline, so on a slow machine the flood may never fill every
+            # place at one moment (test_handshake_flood keeps it full), but it never exceeds it.
+            most = before
+            silent = []
+            for _ in range(MAX_PENDING_HANDSHAKES + 40):
+                silent.append(await _connect(worker.address))
+                most = max(most, process.num_fds())
             try:
-                await wait_until(lambda: process.num_fds() >= before + MAX_PENDING_HANDSHAKES,
-                                 "the worker to take as many handshakes as it keeps pending")
-                # The newest replaced the oldest: the worker holds no more than its bound.
-                assert process.num_fds() <= before + MAX_PENDING_HANDSHAKES
+                assert before < most <= before + MAX_PENDING_HANDSHAKES
                 assert await good.call(double.__wrapped__, (5,), {}) == 10
             finally:
                 for stream in silent:
