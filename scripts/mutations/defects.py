@@ -14,4 +14,12 @@ MUTATIONS: list[Mutation] = [
         tests=("tests/integration/test_memory.py",),
         why="issue 21: a pool cycle keeps no memory",
     ),
+    Mutation(
+        name="subscription-probes-only-when-idle",
+        path="src/anywool/discovery/_hub.py",
+        old="probe = not ready or now >= probe_due",
+        new="probe = not ready",
+        tests=("tests/unit/test_local_discovery.py::test_a_registry_replaced_while_a_publisher_keeps_publishing_still_ends_subscriptions",),
+        why="README: another file renamed over the registry ends every live iteration",
+    ),
 ]

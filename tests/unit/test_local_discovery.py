@@ -527,6 +527,36 @@ async def test_a_registry_damaged_under_a_live_owner_ends_every_subscription(nam
                     pass
 
 
+async def test_a_registry_replaced_while_a_publisher_keeps_publishing_still_ends_subscriptions(
+        namespace):
+    # The publisher, bound before, keeps writing to the owner's old file and notifying: the
+    # subscription is woken all the time, and must still look at what a new borrower would find.
+    with anyio.fail_after(20):
+        async with LocalDiscovery(namespace, poll_interval=0.05) as owner, \
+                owner.publisher as publisher, anyio.create_task_group() as tg:
+            a = worker()
+            await publisher.publish("worker-added", a)
+            followed = _Followed()
+            tg.start_soon(followed.run, owner.subscriber)
+            await followed.started.wait()
+
+            async def churn() -> None:
+                b = worker()
+                while True:  # paced well under the poll interval: the loop never sleeps it out
+                    await publisher.publish("worker-added", b)
+                    await publisher.publish("worker-dropped", b)
+                    await anyio.sleep(0.005)
+
+            tg.start_soon(churn)
+            assert owner.path is not None
+            registry = Path(owner.path) / "registry"
+            _damage(registry, "replaced")
+            with anyio.fail_after(5):
+                await followed.ended.wait()
+            assert isinstance(followed.error, DiscoveryRegistryCorrupt), followed.error
+            tg.cancel_scope.cancel()
+
+
 async def test_a_registry_removed_under_a_live_owner_reads_as_an_owner_gone(namespace):
     # A new borrower finds no registry, as when the owner is gone: a live subscription says
     # the same (its workers dropped) instead of keeping a view nobody else can reach.

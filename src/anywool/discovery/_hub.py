@@ -24,6 +24,7 @@ import logging
 import os
 import select
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -297,6 +298,9 @@ class _Source:
             poller.register(hint_fd, select.POLLIN)
         last_failure: str | None = None
         first = True  # the first round catches up with what changed since prime, unasked
+        # Probed at least every poll interval, also while changes keep waking the loop: a
+        # publisher still bound to a registry replaced under it keeps notifying.
+        probe_due = time.monotonic() + self.poll_interval
         while True:
             if first:
                 first, probe = False, False
@@ -307,7 +311,10 @@ class _Source:
                 _hub.drain_deferred()
                 if ready:
                     self._drain_hint()
-                probe = not ready
+                now = time.monotonic()
+                probe = not ready or now >= probe_due
+                if probe:
+                    probe_due = now + self.poll_interval
             with self.lock:
                 if self.unlisted and not self.consumers:
                     return  # a stop request that could not be delivered (see stop)
