@@ -351,6 +351,7 @@ class WorkerProxy(SingleUse):
         self._room_front: dict[Wakeup, None] = {}  # woken, found no room: served first
         self._wakeup: Callable[[], Wakeup] | None = None  # native to the backend, on first use
         self._spare_rooms = 0
+        self._rooms_freed = 0  # every room announced, counted: see _deliver
         # Waiters woken that have not run yet: the room they were woken for is theirs, so a new
         # call queues behind them rather than take it (else each woken waiter would mostly
         # find its room gone and wait again).
@@ -768,10 +769,14 @@ class WorkerProxy(SingleUse):
             try:
                 workers = await self._workers()
                 refused = False
+                freed = self._rooms_freed
                 try:
                     return await self._balancer.dispatch(workers, attempt)
                 except NoWorkersAvailable:
-                    if not (refused or any(connection.busy for _, connection in workers)):
+                    # A worker skipped as busy may have had room since (answers arrive while
+                    # others are tried): then the call takes, or waits for, that room.
+                    if not (refused or self._rooms_freed != freed
+                            or any(connection.busy for _, connection in workers)):
                         raise
             except BaseException:
                 # Woken, and leaving without sending a call: calls that queued behind this
@@ -831,6 +836,7 @@ class WorkerProxy(SingleUse):
         return False
 
     def _on_room(self) -> None:
+        self._rooms_freed += 1
         for waiters in (self._room_front, self._room_waiters):
             room = next(iter(waiters), None)
             if room is not None:
