@@ -3,6 +3,8 @@ from this one. (The LAN variant is in tests/lan.)"""
 
 from __future__ import annotations
 
+import contextlib
+
 import re
 import secrets
 import signal
@@ -238,9 +240,13 @@ async def _stop_during_start_up(namespace: str, backend: str, signum: signal.Sig
             middle = lines[1:-2]  # the start was cut short, or had just finished
             assert middle == [] or (middle[-1] == "ready" and len(middle) == 3 and all(
                 line.startswith("worker unix:/") for line in middle[:-1])), where
-        with anyio.fail_after(10):
-            while any(psutil.pid_exists(pid) for pid in workers):
-                await anyio.sleep(0.01)
+        # Not our children: psutil waits on their exit (bounded).
+        alive = []
+        for pid in workers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                alive.append(psutil.Process(pid))
+        _, still = await anyio.to_thread.run_sync(lambda: psutil.wait_procs(alive, timeout=10))
+        assert not still, f"{where}: workers still running: {still}"
     finally:
         await stop([child])
 
