@@ -80,9 +80,20 @@ async def main():
         else:
             await anywool.run_sync(backtrack, marker)
 
-async def spin_quietly(path):
+@anywool.routine
+async def spin_telling(path, fifo):
+    with open(fifo, "w") as told:  # the script reads it: the call runs on its worker
+        told.write("running")
+    spin_plain(path)
+
+def read_all(fifo):
+    # Opening blocks until the routine opens it; the read returns once it wrote and closed.
+    with open(fifo) as told:
+        return told.read()
+
+async def spin_quietly(path, fifo):
     try:
-        await spin(path)
+        await spin_telling(path, fifo)
     except Exception:
         pass  # ended by the pool's exit: what ends the script must be the Ctrl-C alone
 
@@ -94,9 +105,10 @@ async def exiting():
                                       shutdown_timeout=60) as pool:
             print(pool.discovery.namespace, *[w.pid for w in pool.workers], flush=True)
             print("ready", flush=True)
-            tg.start_soon(spin_quietly, marker)
-            while not os.path.exists(marker):
-                await anyio.sleep(0.01)
+            fifo = marker + ".fifo"
+            os.mkfifo(fifo)
+            tg.start_soon(spin_quietly, marker, fifo)
+            await anyio.to_thread.run_sync(read_all, fifo)
             print("exiting", flush=True)
     print("went on after the pool", flush=True)
 
