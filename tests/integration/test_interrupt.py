@@ -116,17 +116,22 @@ async def slow_cleanup(port: int, marker: str, seconds: float) -> None:
         Path(marker).write_text("cleaned up")
 
 
+def _read_all(fifo: str) -> str:
+    # Opening blocks until the other side opens; the read returns once it wrote and closed.
+    with open(fifo) as released:
+        return released.read()
+
+
 @routine
 async def cleanup_until_released(port: int, release: str, marker: str) -> None:
-    """Waits until cancelled; its ``finally`` awaits (shielded) until ``release`` exists, then
-    marks: a routine that takes its cancellation at once but unwinds slowly."""
+    """Waits until cancelled; its ``finally`` waits (shielded) for a word on the FIFO
+    ``release``, then marks: a routine that takes its cancellation at once but unwinds slowly."""
     try:
         _tell_started(port)
         await anyio.sleep_forever()
     finally:
         with anyio.CancelScope(shield=True):
-            while not os.path.exists(release):
-                await anyio.sleep(0.02)  # the cleanup's own pace, not synchronisation
+            await anyio.to_thread.run_sync(_read_all, release)
         Path(marker).write_text("cleaned up")
 
 
@@ -325,6 +330,7 @@ async def test_a_routine_unwinding_slowly_holds_its_caller_for_the_default_cance
     # README: a worker that took the cancellation but unwinds slowly "is waited for, up to
     # cancel_timeout (5 s), and never ended".
     release, marker = tmp_path / "release", tmp_path / "cleaned"
+    os.mkfifo(release)
     with anyio.fail_after(30):
         async with worker_pool() as pool, Signal() as started:
             (worker,) = pool.workers
@@ -338,7 +344,7 @@ async def test_a_routine_unwinding_slowly_holds_its_caller_for_the_default_cance
             assert DEFAULT_CANCEL_TIMEOUT <= waited <= DEFAULT_CANCEL_TIMEOUT + LATE, \
                 f"the caller resumed {waited:.2f} s after cancelling"
             assert not marker.exists()  # still unwinding when its caller stopped waiting
-            release.touch()
+            await anyio.to_thread.run_sync(release.write_text, "go")
             await wait_until(marker.exists, "the routine to finish its cleanup")
             # Never ended: the same worker answers.
             assert await whoami() == worker.pid
