@@ -27,6 +27,7 @@ from anywool import LocalDiscovery, NoWorkersAvailable, RoutineCancelled, Worker
 from ..helpers import Signal, follow, take, worker
 from .children import hold_registry_lock, start, stop
 from .routines import note_when_cancelled, whoami
+from .test_cross_process import PUBLISHER
 
 pytestmark = pytest.mark.anyio
 
@@ -181,19 +182,6 @@ async def test_a_wedged_registry_costs_an_owners_exit_its_teardown_timeout(
             await stop(holders)
     assert 1.0 - EARLY <= took <= 1.0 + LATE, f"the owner's exit took {took:.2f} s"
     assert list(runtime_dir.iterdir()) == []
-
-
-PUBLISHER = """
-import sys, uuid, os, anyio
-from anywool import LocalDiscovery, WorkerMetadata
-async def main():
-    async with LocalDiscovery.Publisher(sys.argv[1]) as publisher:
-        metadata = WorkerMetadata(uuid.UUID(sys.argv[2]), "unix:/tmp/none", os.getpid(), "x")
-        await publisher.publish("worker-added", metadata)
-        print("published", flush=True)
-        await anyio.to_thread.run_sync(sys.stdin.read)
-anyio.run(main, backend=sys.argv[3])
-"""
 
 
 async def test_a_killed_publishers_workers_are_dropped_within_the_default_reap_interval(
