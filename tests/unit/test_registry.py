@@ -365,12 +365,15 @@ import os
 from anywool.discovery.local import _binding, _claim, _keys, _layout
 claim = _claim.claim("fork-lock", capacity=1, block_size=64)
 read_end, write_end = os.pipe()
+forked_r, forked_w = os.pipe()
 pid = os.fork()
 if pid == 0:  # a long-lived child, e.g. a multiprocessing worker started with fork
     os.close(write_end)
+    os.write(forked_w, b"!")  # fork returned here: the at-fork handlers have run
     os.read(read_end, 1)
     os._exit(0)
 os.close(read_end)
+os.read(forked_r, 1)  # else the successor may look before the child dropped its copies
 claim.forget()  # the owner's descriptors close, as at its death, while the child lives
 successor = _claim.claim("fork-lock", capacity=1, block_size=64)
 successor.release()
