@@ -18,6 +18,8 @@ __all__ = [
     "DiscoveryNamespaceInUse",
     "DiscoveryNamespaceNotFound",
     "DiscoveryRegistryCorrupt",
+    "DiscoveryServiceError",
+    "DiscoveryUnavailable",
     "DiscoveryWorkerNotFound",
     "LoopbackAdvertisementWarning",
     "NoWorkersAvailable",
@@ -42,16 +44,20 @@ class DiscoveryNamespaceInUse(DiscoveryError):
     """A namespace already has an owner, so it cannot be claimed.
 
     :param namespace: the namespace that was claimed.
-    :param path: the namespace directory on disk.
+    :param path: where the namespace lives: its directory on disk (``LocalDiscovery``), or its
+        owner key and the owner's host (``EtcdDiscovery``).
     :param owner_pid: pid recorded by the incumbent owner, or ``None`` when the owner is dead but
         reclaiming was disabled (``reclaim=False``).
+    :param kind: the discovery class whose borrowers the message suggests.
     """
 
-    def __init__(self, namespace: str, path: str, owner_pid: int | None) -> None:
-        super().__init__(namespace, path, owner_pid)
+    def __init__(self, namespace: str, path: str, owner_pid: int | None,
+                 kind: str = "LocalDiscovery") -> None:
+        super().__init__(namespace, path, owner_pid, kind)
         self.namespace = namespace
         self.path = path
         self.owner_pid = owner_pid
+        self.kind = kind
 
     def __str__(self) -> str:
         if self.owner_pid is None:
@@ -61,7 +67,7 @@ class DiscoveryNamespaceInUse(DiscoveryError):
             )
         return (
             f"discovery namespace {self.namespace!r} is owned by live process {self.owner_pid} "
-            f"({self.path}); borrow it with LocalDiscovery.Publisher or LocalDiscovery.Subscriber"
+            f"({self.path}); borrow it with {self.kind}.Publisher or {self.kind}.Subscriber"
         )
 
 
@@ -69,16 +75,18 @@ class DiscoveryNamespaceNotFound(DiscoveryError):
     """No live owner holds the namespace a borrower tried to bind.
 
     :param namespace: the namespace that was looked up.
+    :param kind: the discovery class that would create it, named in the message.
     """
 
-    def __init__(self, namespace: str) -> None:
-        super().__init__(namespace)
+    def __init__(self, namespace: str, kind: str = "LocalDiscovery") -> None:
+        super().__init__(namespace, kind)
         self.namespace = namespace
+        self.kind = kind
 
     def __str__(self) -> str:
         return (
             f"discovery namespace {self.namespace!r} has no live owner; "
-            "enter LocalDiscovery(namespace) somewhere to create it"
+            f"enter {self.kind}(namespace) somewhere to create it"
         )
 
 
@@ -152,6 +160,44 @@ class DiscoveryWorkerNotFound(DiscoveryError):
 
     def __str__(self) -> str:
         return f"worker {self.uid} is not registered in the discovery registry"
+
+
+class DiscoveryServiceError(DiscoveryError):
+    """A discovery service (an etcd cluster) answered a request with an error: permission
+    denied, a bad password, a request it refused.
+
+    :param endpoint: the URL of the member that answered.
+    :param code: the gRPC status code it gave (``7`` permission denied, ``16``
+        unauthenticated, ...), or ``None`` when its answer carried none.
+    :param message: its error message (or the start of its answer when it was not JSON).
+    """
+
+    def __init__(self, endpoint: str, code: int | None, message: str) -> None:
+        super().__init__(endpoint, code, message)
+        self.endpoint = endpoint
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        code = "" if self.code is None else f" (gRPC code {self.code})"
+        return f"discovery service at {self.endpoint} refused the request{code}: {self.message}"
+
+
+class DiscoveryUnavailable(DiscoveryError):
+    """No member of a discovery service (an etcd cluster) answered in time.
+
+    :param endpoints: the URLs tried, in order.
+    :param reason: what went wrong with each (connection refused, timed out, ...).
+    """
+
+    def __init__(self, endpoints: tuple[str, ...], reason: str) -> None:
+        super().__init__(endpoints, reason)
+        self.endpoints = endpoints
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return (f"no member of the discovery service answered ({', '.join(self.endpoints)}): "
+                f"{self.reason}")
 
 
 class NoWorkersAvailable(WoolError):

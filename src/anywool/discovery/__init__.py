@@ -15,6 +15,7 @@ if TYPE_CHECKING:
         DiscoverySubscriberLike,
         PredicateFunction,
     )
+    from anywool.discovery.etcd import EtcdDiscovery
     from anywool.discovery.lan import LanDiscovery
     from anywool.discovery.local import LocalDiscovery
 
@@ -25,6 +26,7 @@ __all__ = [
     "DiscoveryLike",
     "DiscoveryPublisherLike",
     "DiscoverySubscriberLike",
+    "EtcdDiscovery",
     "LanDiscovery",
     "LocalDiscovery",
     "PredicateFunction",
@@ -38,6 +40,7 @@ _WHERE = {
     "DiscoveryLike": "anywool.discovery._protocols",
     "DiscoveryPublisherLike": "anywool.discovery._protocols",
     "DiscoverySubscriberLike": "anywool.discovery._protocols",
+    "EtcdDiscovery": "anywool.discovery.etcd",
     "LanDiscovery": "anywool.discovery.lan",
     "LocalDiscovery": "anywool.discovery.local",
     "PredicateFunction": "anywool.discovery._protocols",

@@ -688,6 +688,10 @@ def iterate(namespace: str, poll_interval: float) -> AsyncIterator[DiscoveryEven
 class Opener:
     """How an iteration attaches a consumer to its source (see :func:`iterate_with`)."""
 
+    async def prepare(self) -> None:
+        """First, in the iteration's own event loop: whatever attaching needs read there
+        (cancellable like any await)."""
+
     def attach_in_loop(self, consumer: _Consumer) -> _Source | None:
         """Attach in the event loop's own thread if nothing on the way can wait; ``None``:
         nothing attached, use :meth:`attach` in a worker thread."""
@@ -754,6 +758,7 @@ async def _follow(opener: Opener,
     iteration is freed, and detached, as soon as the caller drops it)."""
     consumer = _Consumer()
     try:
+        await opener.prepare()
         source = opener.attach_in_loop(consumer)
         if source is None:
             source = await anyio.to_thread.run_sync(

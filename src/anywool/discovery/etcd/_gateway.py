@@ -1,0 +1,218 @@
+"""An etcd cluster reached over its v3 JSON gateway with httpx, on whichever event loop runs it.
+
+:class:`Gateway` makes the unary calls (``POST /v3/...`` with a JSON body; bytes are base64 and
+int64 fields decimal strings, see the etcd notes in DESIGN §6) and opens watch streams. It
+holds one ``httpx.AsyncClient`` for unary calls and, when asked for streams, a second one:
+an open watch pins a pooled HTTP/1.1 connection, and unary calls must never queue behind it.
+
+Failover is the client's job (the gateway has no balancer): a call goes to the member that
+answered last; a transport failure or a timeout moves it to the next endpoint, until every
+endpoint was tried once, then :class:`~anywool.errors.DiscoveryUnavailable`. A member that
+answers with an error is not failed over (every member would say the same):
+:class:`~anywool.errors.DiscoveryServiceError` with etcd's gRPC code.
+
+Password authentication: a token from ``/v3/auth/authenticate``, sent raw in
+``Authorization`` (etcd refuses ``Bearer``); a token that expired (HTTP 401) is renewed once.
+
+A gateway belongs to the event loop that first uses it (httpx's connections do); every owner,
+publisher, lease thread and shared source makes its own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+
+from anywool.discovery.etcd._config import Config
+from anywool.errors import DiscoveryServiceError, DiscoveryUnavailable
+
+log = logging.getLogger(__name__)
+
+#: gRPC codes etcd answers with that callers look at.
+NOT_FOUND = 5
+UNAUTHENTICATED = 16
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as a short reason: its type and message, and its cause's (trio's TLS
+    errors have an empty message)."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and cause is not exc and str(cause) and str(cause) not in text:
+        text += f" ({type(cause).__name__}: {cause})"
+    return text
+
+
+def refusal(endpoint: str, response: httpx.Response) -> DiscoveryServiceError:
+    """The error a member answered with (JSON ``{"error", "code", "message"}``, or plain text:
+    the gateway answers some refusals in text)."""
+    code: int | None = None
+    message = response.text[:300].strip()
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        raw_code = body.get("code")  # pyright: ignore[reportUnknownMemberType]
+        code = raw_code if isinstance(raw_code, int) else None
+        text = body.get("message") or body.get("error")  # pyright: ignore[reportUnknownMemberType]
+        if isinstance(text, str):
+            message = text
+    return DiscoveryServiceError(endpoint, code, f"HTTP {response.status_code}: {message}")
+
+
+class Gateway:
+    """Unary calls and watch streams to one cluster (see the module)."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._current = 0
+        self._token: str | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._stream_client: httpx.AsyncClient | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """The member calls go to first."""
+        return self.config.endpoints[self._current]
+
+    def rotate(self) -> None:
+        """Move to the next endpoint (after the current one failed)."""
+        self._current = (self._current + 1) % len(self.config.endpoints)
+
+    def _make_client(self, read: float | None) -> httpx.AsyncClient:
+        config = self.config
+        return httpx.AsyncClient(
+            verify=config.ssl_context(),
+            timeout=httpx.Timeout(config.request_timeout, connect=config.connect_timeout,
+                                  read=read),
+            # Never a proxy from the environment: members are addressed directly.
+            trust_env=False,
+            limits=httpx.Limits(max_connections=32, max_keepalive_connections=8),
+        )
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = self._make_client(self.config.request_timeout)
+        return self._client
+
+    async def aclose(self) -> None:
+        """Close both clients (shielded: closing a connection never waits on a member)."""
+        clients = [c for c in (self._client, self._stream_client) if c is not None]
+        self._client = self._stream_client = None
+        with anyio.CancelScope(shield=True):
+            for client in clients:
+                await client.aclose()
+
+    def _headers(self) -> dict[str, str]:
+        return {} if self._token is None else {"Authorization": self._token}
+
+    async def _post(self, endpoint: str, path: str, body: dict[str, Any],
+                    timeout: float) -> httpx.Response:
+        """One request to one member, bounded by ``timeout`` seconds in all."""
+        with anyio.fail_after(timeout):
+            return await self.client.post(endpoint + path, content=json.dumps(body),
+                                          headers=self._headers())
+
+    async def _authenticate(self, endpoint: str, timeout: float) -> None:
+        config = self.config.with_env_password()
+        if config.username is None:
+            return
+        response = await self._post(endpoint, "/v3/auth/authenticate",
+                                    {"name": config.username, "password": config.password or ""},
+                                    timeout)
+        if response.status_code != 200:
+            raise refusal(endpoint, response)
+        token = response.json().get("token")
+        if not isinstance(token, str):
+            raise DiscoveryServiceError(endpoint, None, "authentication answered no token")
+        self._token = token
+
+    async def call(self, path: str, body: dict[str, Any], *, timeout: float | None = None,
+                   endpoint: str | None = None) -> dict[str, Any]:
+        """``POST path`` with ``body``; the decoded answer.
+
+        :param timeout: seconds for each member tried (default: the request timeout).
+        :param endpoint: this member only (no failover), e.g. to ping the member a watch
+            reads from.
+        :raises DiscoveryServiceError: a member answered with an error.
+        :raises DiscoveryUnavailable: no member answered in time.
+
+        Cancellation: the request is abandoned at once (its connection is closed, never
+        reused).
+        """
+        budget = self.config.request_timeout if timeout is None else timeout
+        endpoints = self.config.endpoints
+        order = [endpoint] if endpoint is not None else \
+            [endpoints[(self._current + i) % len(endpoints)] for i in range(len(endpoints))]
+        failures: list[str] = []
+        for url in order:
+            try:
+                if self._token is None and self.config.username is not None:
+                    await self._authenticate(url, budget)
+                response = await self._post(url, path, body, budget)
+                if response.status_code == 401 and self.config.username is not None:
+                    await self._authenticate(url, budget)  # the token expired: once more
+                    response = await self._post(url, path, body, budget)
+            except (httpx.TransportError, TimeoutError) as exc:
+                failures.append(f"{url}: {describe(exc)}")
+                if endpoint is None:
+                    self.rotate()
+                continue
+            if response.status_code != 200:
+                raise refusal(url, response)
+            try:
+                answer = response.json()
+            except ValueError:
+                raise DiscoveryServiceError(url, None, "answered something that is not JSON: "
+                                            f"{response.text[:200]!r}") from None
+            if not isinstance(answer, dict):
+                raise DiscoveryServiceError(url, None, f"answered {answer!r}")
+            return answer  # pyright: ignore[reportUnknownVariableType]
+        raise DiscoveryUnavailable(tuple(order), "; ".join(failures))
+
+    @asynccontextmanager
+    async def stream(self, path: str, body: dict[str, Any],
+                     endpoint: str) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
+        """A streaming ``POST`` to one member: its answer as decoded JSON lines. Its liveness is
+        the caller's business (a silent member sends nothing; there is no read timeout).
+
+        :raises DiscoveryServiceError: the member refused the stream.
+        :raises httpx.TransportError: the connection failed.
+        """
+        if self._stream_client is None:
+            self._stream_client = self._make_client(None)
+        if self._token is None and self.config.username is not None:
+            await self._authenticate(endpoint, self.config.request_timeout)
+        with anyio.fail_after(self.config.request_timeout):
+            request = self._stream_client.build_request(
+                "POST", endpoint + path, content=json.dumps(body), headers=self._headers())
+            response = await self._stream_client.send(request, stream=True)
+        try:
+            if response.status_code != 200:
+                await response.aread()
+                if response.status_code == 401:
+                    self._token = None  # renewed on the next attempt
+                raise refusal(endpoint, response)
+
+            async def lines() -> AsyncIterator[dict[str, Any]]:
+                async for line in response.aiter_lines():
+                    if line.strip():
+                        yield json.loads(line)
+
+            yield lines()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+
+
+def header_revision(answer: dict[str, Any]) -> int:
+    """The revision in an answer's header (0 when absent: zero values are omitted)."""
+    return int(answer.get("header", {}).get("revision", 0))
