@@ -99,6 +99,17 @@ def _fenced(keys: Keys, generation: int, success: list[dict[str, Any]]) -> dict[
             "failure": [{"request_range": {"key": b64(keys.owner)}}]}
 
 
+async def _owner_generation(gateway: Gateway, keys: Keys, namespace: str) -> int:
+    """The namespace's generation now.
+
+    :raises DiscoveryNamespaceNotFound: it has no owner.
+    """
+    kvs = (await gateway.call("/v3/kv/range", {"key": b64(keys.owner)})).get("kvs")
+    if not kvs:
+        raise DiscoveryNamespaceNotFound(namespace, _KIND)
+    return int(kvs[0].get("create_revision", 0))
+
+
 def _failed_owner(answer: dict[str, Any]) -> dict[str, Any] | None:
     """The owner key a failed transaction read back (``None``: absent)."""
     for response in answer.get("responses", ()):
@@ -163,6 +174,10 @@ class EtcdDiscovery(Discovery, SingleUse):
     :param teardown_timeout: seconds (>= 0) the exit may spend on requests; past that it gives
         up on them (logged) and the claim lapses with its lease.
     :param filter: what :attr:`subscriber` keeps (as for ``LocalDiscovery``).
+    :param own: ``False``: entering claims nothing and only checks that the namespace has an
+        owner (:class:`DiscoveryNamespaceNotFound` otherwise); the instance then hands out
+        borrowers of another owner's namespace, e.g. for a pool that spawns workers on one
+        more host: ``WorkerPool(spawn=4, discovery=EtcdDiscovery(ns, own=False), ...)``.
     :raises TypeError: an argument has the wrong type.
     :raises ValueError: an argument is out of range: an endpoint that is not an
         ``http(s)://host:port`` URL, endpoints of mixed schemes, ``tls`` with ``http://``
@@ -184,8 +199,12 @@ class EtcdDiscovery(Discovery, SingleUse):
         request_timeout: float = 2.0,
         teardown_timeout: float = 5.0,
         filter: PredicateFunction | None = None,
+        own: bool = True,
     ) -> None:
         self._namespace = check_namespace(namespace)
+        if not isinstance(own, bool):
+            raise TypeError(f"own must be a bool, got {own!r}")
+        self._own = own
         self._config = _connection(endpoints, prefix, tls, username, password,
                                    connect_timeout, request_timeout)
         self._lease_ttl = check_lease_ttl(lease_ttl)
@@ -272,6 +291,13 @@ class EtcdDiscovery(Discovery, SingleUse):
         self._enter_once()
         await anyio.lowlevel.checkpoint_if_cancelled()
         gateway = Gateway(self._config)
+        if not self._own:
+            try:
+                self._generation = await _owner_generation(gateway, self._keys,
+                                                           self._namespace)
+            finally:
+                await gateway.aclose()
+            return self
         lease = 0
         try:
             lease, ttl = await _grant(gateway, self._lease_ttl)
@@ -371,12 +397,13 @@ class EtcdDiscovery(Discovery, SingleUse):
         return None
 
     def __repr__(self) -> str:
-        return f"EtcdDiscovery({self._namespace!r}, endpoints={self._config.endpoints!r})"
+        own = "" if self._own else ", own=False"
+        return f"EtcdDiscovery({self._namespace!r}, endpoints={self._config.endpoints!r}{own})"
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A fresh instance, without the password or an SSLContext (see Config.portable).
         return (_make_discovery, (self._namespace, _portable(self._config), self._lease_ttl,
-                                  self._teardown_timeout))
+                                  self._teardown_timeout, self._own))
 
     # -- borrowers ----------------------------------------------------------------------------
 
@@ -453,11 +480,8 @@ class EtcdDiscovery(Discovery, SingleUse):
             gateway = Gateway(self._config)
             lease = 0
             try:
-                answer = await gateway.call("/v3/kv/range", {"key": b64(self._keys.owner)})
-                kvs = answer.get("kvs")
-                if not kvs:
-                    raise DiscoveryNamespaceNotFound(self.namespace, _KIND)
-                self._generation = int(kvs[0].get("create_revision", 0))
+                self._generation = await _owner_generation(gateway, self._keys,
+                                                           self.namespace)
                 lease, ttl = await _grant(gateway, self.lease_ttl)
                 keeper = LeaseKeeper(self._config, lease, ttl,
                                      f"a publisher of discovery namespace {self.namespace!r}",
@@ -698,7 +722,7 @@ def _make_subscriber(namespace: str, connection: dict[str, Any]) -> DiscoverySub
 
 
 def _make_discovery(namespace: str, connection: dict[str, Any], lease_ttl: int,
-                    teardown_timeout: float) -> EtcdDiscovery:
+                    teardown_timeout: float, own: bool) -> EtcdDiscovery:
     return EtcdDiscovery(namespace, lease_ttl=lease_ttl, teardown_timeout=teardown_timeout,
-                         **connection)
+                         own=own, **connection)
 
