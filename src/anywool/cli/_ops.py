@@ -28,7 +28,13 @@ JSON documents (``--json``; keys are stable, new keys may be added):
   (list of worker, or null when unreadable);
 * socket: ``entry`` (``w-<hex>``), ``alive`` (its worker holds it), ``reclaimable``;
 * swept: ``entry``, ``kind`` (``dead-namespace``, ``unfinished-removal``, ``killed-claimant``,
-  ``worker-socket``), ``namespace`` (the recorded name, or null).
+  ``worker-socket``), ``namespace`` (the recorded name, or null);
+* etcd namespace (``--etcd``): ``key`` (the namespace's key directory, ``<prefix>/ns/<sha256>``),
+  ``name``, ``state`` (``live``: it has an owner, ``orphaned``: only workers a displaced owner's
+  publishers left), ``owner_pid``, ``owner_host``, ``lease_ttl`` (as the owner recorded them, or
+  null), ``generation`` (the owner key's create revision, or null), ``worker_count``,
+  ``leases`` (lease documents, ``id`` 16 hex digits; etcd deletes a lapsed lease's keys, so each
+  is alive), ``error``; ``show`` adds ``workers`` (worker documents; ``publisher_alive`` is true).
 
 Each command's own document is described in its module.
 """
@@ -50,6 +56,7 @@ from rich.table import Table
 from rich.text import Text
 
 from anywool import _runtime_dir
+from anywool.cli._etcd_ops import EtcdNamespace
 from anywool.discovery.local._claim import Swept
 from anywool.discovery.local._survey import (
     LeaseState,
@@ -65,6 +72,11 @@ __all__ = [
     "TABLE_STYLE",
     "console",
     "emit",
+    "etcd_label",
+    "etcd_namespace_document",
+    "etcd_owner_text",
+    "lease_hex",
+    "leases_text",
     "json_option",
     "label",
     "name_text",
@@ -235,6 +247,35 @@ def _entry_document(entry: WorkerEntry) -> dict[str, object]:
     return worker_document(entry.metadata, entry.lease, entry.publisher_alive)
 
 
+def lease_hex(lease: int) -> str:
+    """An etcd lease id as documents show it: 16 hex digits."""
+    return f"{lease:016x}"
+
+
+def etcd_namespace_document(state: EtcdNamespace, *, workers: bool = False
+                            ) -> dict[str, object]:
+    """The etcd namespace document; with ``workers``, its list of workers too (``show``)."""
+    document: dict[str, object] = {
+        "key": state.key,
+        "name": state.name,
+        "state": state.state,
+        "owner_pid": state.owner_pid,
+        "owner_host": state.owner_host,
+        "lease_ttl": state.lease_ttl,
+        "generation": state.generation,
+        "worker_count": state.worker_count,
+        "leases": [{"id": lease_hex(lease), "alive": True, "workers": count}
+                   for lease, count in state.leases.items()],
+        "error": state.error,
+    }
+    if workers:
+        document["workers"] = [
+            worker_document(entry.metadata, lease_hex(entry.lease) if entry.lease else None,
+                            True if entry.lease else None)
+            for entry in state.workers or ()]
+    return document
+
+
 def socket_document(socket: WorkerSocket) -> dict[str, object]:
     return {"entry": socket.entry, "alive": socket.alive, "reclaimable": socket.reclaimable}
 
@@ -301,13 +342,29 @@ def label(state: NamespaceState) -> Text:
     return shown
 
 
-_STYLES = {"live": "green", "retiring": "yellow", "dead": "red", "sweeping": "cyan",
+def etcd_label(state: EtcdNamespace) -> Text:
+    """An etcd namespace in a table: by the name its owner recorded, else by its key (dim)."""
+    if state.name is not None:
+        return name_text(state.name, "bold")
+    return text(state.key, "dim", limit=256)
+
+
+def etcd_owner_text(state: EtcdNamespace) -> Text:
+    """``pid 4242 on host-a``: an etcd namespace's owner as it recorded itself."""
+    if state.state != "live":
+        return Text("none", "dim")
+    host = "?" if state.owner_host is None else state.owner_host
+    return text(f"pid {number_cell(state.owner_pid)} on {host}")
+
+
+_STYLES = {"orphaned": "yellow", "live": "green", "retiring": "yellow", "dead": "red", "sweeping": "cyan",
            "claiming": "cyan", "abandoned": "red"}
 
 
-def state_text(state: NamespaceState) -> Text:
+def state_text(state: NamespaceState | EtcdNamespace) -> Text:
     """``live``, ``dead — reclaimable``, ...: the state, and whether ``reclaim`` may remove it."""
-    shown = f"{state.state} — reclaimable" if state.reclaimable else state.state
+    reclaimable = isinstance(state, NamespaceState) and state.reclaimable
+    shown = f"{state.state} — reclaimable" if reclaimable else state.state
     return Text(shown, style=_STYLES.get(state.state, ""))
 
 
@@ -330,7 +387,11 @@ def workers_cell(state: NamespaceState) -> str:
 def leases_cell(state: NamespaceState) -> Text:
     """``1 alive, 1 dead``: the publishers' leases of a generation."""
     alive = sum(lease.alive for lease in state.leases)
-    dead = len(state.leases) - alive
+    return leases_text(alive, len(state.leases) - alive)
+
+
+def leases_text(alive: int, dead: int) -> Text:
+    """``1 alive, 1 dead``, ``none``: counts of publishers' leases."""
     parts = []
     if alive:
         parts.append(Text(f"{alive} alive", "green"))

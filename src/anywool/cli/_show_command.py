@@ -5,21 +5,42 @@ writes. Exit 1 when no generation of NS exists (nothing on standard output then)
 
 ``--json`` prints one document: ``runtime_dir`` (str) and ``namespace`` (the namespace document
 with ``workers``, see :mod:`anywool.cli._ops`).
+
+With ``--etcd URL``, NS in that cluster under ``--etcd-prefix`` instead (one range of its keys,
+:func:`anywool.cli._etcd_ops.read_namespace`); exit 1 when etcd holds no key of it. ``--json``
+then prints ``etcd`` (the endpoints), ``prefix`` and ``namespace`` (the etcd namespace document
+with ``workers``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
 
 import click
 from rich.table import Table
 from rich.text import Text
 
+from anywool.cli._etcd_ops import (
+    EtcdCluster,
+    EtcdNamespace,
+    cluster_for_reading,
+    etcd_options,
+    fetch,
+    read_namespace,
+)
 from anywool.cli._ops import (
     TABLE_STYLE,
     console,
     emit,
+    etcd_label,
+    etcd_namespace_document,
+    etcd_owner_text,
+    lease_hex,
     json_option,
     label,
     leases_cell,
+    leases_text,
     namespace_document,
     number_cell,
     plural,
@@ -34,6 +55,7 @@ from anywool.cli._ops import (
     worker_columns,
 )
 from anywool.discovery.local import _survey
+from anywool.metadata import WorkerMetadata
 
 __all__ = ["show"]
 
@@ -42,12 +64,18 @@ __all__ = ["show"]
 @click.argument("namespace")
 @json_option
 @runtime_dir_option
-def show(namespace: str, as_json: bool, runtime_dir: str | None) -> None:
+@etcd_options("Show NAMESPACE in this etcd cluster instead of on this host: a member's client "
+              "URL (repeatable).")
+def show(namespace: str, as_json: bool, runtime_dir: str | None, **etcd: Any) -> None:
     """Show NAMESPACE's generation and its workers, with each publisher's lease and liveness.
 
     NAMESPACE is a namespace's name, or an entry as ls shows it (ns-<key>, dead-<hex>,
-    tmp-<hex>).
+    tmp-<hex>); with --etcd, a namespace's name in that cluster.
     """
+    cluster = cluster_for_reading(runtime_dir, etcd)
+    if cluster is not None:
+        _show_etcd(cluster, namespace, as_json)
+        return
     root, exists = runtime_root(runtime_dir)
     with refused(runtime_dir):
         state = _survey.find(namespace, root) if exists else None
@@ -64,20 +92,56 @@ def show(namespace: str, as_json: bool, runtime_dir: str | None) -> None:
     if not state.workers:
         out.print(Text("no workers", "dim"))
         return
+    out.print(workers_table((entry.metadata, entry.lease, entry.publisher_alive)
+                            for entry in state.workers))
+
+
+def workers_table(workers: Iterable[tuple[WorkerMetadata, str | None, bool | None]]) -> Table:
+    """A table of workers, each with its publisher's lease (hex, or ``None``) and whether that
+    publisher is alive."""
     table = Table(**TABLE_STYLE)
     worker_columns(table)
     table.add_column("version", no_wrap=True)
     table.add_column("publisher", no_wrap=True)
-    for entry in state.workers:
-        metadata = entry.metadata
-        if entry.lease is None:
+    for metadata, lease, alive in workers:
+        if lease is None:
             publisher = Text("no lease", "dim")
-        elif entry.publisher_alive:
-            publisher = Text.assemble(short(entry.lease), " ", ("alive", "green"))
+        elif alive:
+            publisher = Text.assemble(short(lease), " ", ("alive", "green"))
         else:
-            publisher = Text.assemble(short(entry.lease), " ", ("dead", "red"))
+            publisher = Text.assemble(short(lease), " ", ("dead", "red"))
         table.add_row(*worker_cells(metadata), text(metadata.version, limit=16), publisher)
-    out.print(table)
+    return table
+
+
+def _show_etcd(cluster: EtcdCluster, namespace: str, as_json: bool) -> None:
+    state = fetch(read_namespace, cluster, namespace)
+    if state is None:
+        raise click.ClickException(f"no namespace {namespace!r} in {cluster.where()}")
+    if as_json:
+        emit({"etcd": list(cluster.endpoints), "prefix": cluster.prefix,
+              "namespace": etcd_namespace_document(state, workers=True)})
+        return
+    out = console()
+    out.print(etcd_header(state))
+    if state.error is not None:
+        out.print(text(state.error, "yellow", limit=1 << 16))
+    if not state.workers:
+        out.print(Text("no workers", "dim"))
+        return
+    out.print(workers_table((entry.metadata, lease_hex(entry.lease) if entry.lease else None,
+                             True) for entry in state.workers))
+
+
+def etcd_header(state: EtcdNamespace) -> Text:
+    """Two lines: ``jobs  live · owner pid 41 on host-a · generation 1234 · lease ttl 5 s``,
+    then ``2 workers · leases 1 alive · key /anywool/ns/…``."""
+    ttl = "" if state.lease_ttl is None else f" · lease ttl {state.lease_ttl} s"
+    return Text.assemble(
+        etcd_label(state), "  ", state_text(state), " · owner ", etcd_owner_text(state),
+        f" · generation {number_cell(state.generation)}{ttl}\n"
+        f"{plural(state.worker_count, 'worker')} · leases ",
+        leases_text(len(state.leases), 0), text(f" · key {state.key}", "dim", limit=1 << 16))
 
 
 def header(state: _survey.NamespaceState) -> Text:

@@ -24,9 +24,10 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from functools import partial
 from types import TracebackType
+from typing import Any
 from uuid import UUID
 
 import anyio
@@ -36,6 +37,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from anywool.cli._etcd_ops import cluster_for_reading, etcd_options
 from anywool.cli._ops import (
     TABLE_STYLE,
     console,
@@ -65,16 +67,26 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
               show_default=True, help="Event loop of this command.")
 @json_option
 @runtime_dir_option
-def watch(namespace: str, backend: str, as_json: bool, runtime_dir: str | None) -> None:
+@etcd_options("Follow NAMESPACE in this etcd cluster instead of on this host: a member's client "
+              "URL (repeatable).")
+def watch(namespace: str, backend: str, as_json: bool, runtime_dir: str | None,
+          **etcd: Any) -> None:
     """Follow NAMESPACE's workers as they come and go, until SIGINT (Ctrl-C) or SIGTERM.
 
     NAMESPACE must have a live owner when the command starts; the command follows it (and a
     successor, if the owner exits and another claims the namespace) until it is stopped.
     """
-    root, exists = runtime_root(runtime_dir)
-    if not exists:
-        raise click.ClickException(
-            f"namespace {namespace!r} has no live owner (no runtime directory at {where(root)})")
+    cluster = cluster_for_reading(runtime_dir, etcd)
+    subscriber: AsyncIterable[DiscoveryEvent] | None = None
+    elsewhere = ""
+    if cluster is not None:
+        subscriber = cluster.subscriber(namespace)
+        elsewhere = f" in {cluster.where()}"
+    else:
+        root, exists = runtime_root(runtime_dir)
+        if not exists:
+            raise click.ClickException(f"namespace {namespace!r} has no live owner (no runtime "
+                                       f"directory at {where(root)})")
     # Until the event loop's receiver takes over, a signal is only noted (and honoured as soon
     # as it does): one that arrives while the command starts must stop it, and never with a
     # traceback.
@@ -88,7 +100,8 @@ def watch(namespace: str, backend: str, as_json: bool, runtime_dir: str | None) 
     view: _View = _JsonLines() if as_json else \
         _LiveTable(namespace, out) if out.is_terminal else _Lines()
     try:
-        failure = anyio.run(partial(_follow, namespace, view, stops), backend=backend)
+        failure = anyio.run(partial(_follow, namespace, view, stops, subscriber, elsewhere),
+                            backend=backend)
     finally:
         # Stopping: a second signal must not kill the command as it exits (Python restores the
         # default handlers during its shutdown, except for ignored signals).
@@ -106,10 +119,16 @@ def _note_signal(number: int, _frame: object) -> None:
 
 
 async def _follow(namespace: str, view: _View,
-                  stops: tuple[signal.Signals, ...] = _SIGNALS) -> str | None:
-    """Show every event of the subscription until one of the signals ``stops``; what went
-    wrong, else ``None``."""
-    from anywool.discovery.local import LocalDiscovery
+                  stops: tuple[signal.Signals, ...] = _SIGNALS,
+                  subscriber: AsyncIterable[DiscoveryEvent] | None = None,
+                  elsewhere: str = "") -> str | None:
+    """Show every event of ``subscriber`` (default: ``LocalDiscovery.Subscriber(namespace)``)
+    until one of the signals ``stops``; what went wrong, else ``None`` (``elsewhere`` says
+    where the namespace was looked for)."""
+    if subscriber is None:
+        from anywool.discovery.local import LocalDiscovery
+
+        subscriber = LocalDiscovery.Subscriber(namespace)
 
     try:
         with anyio.open_signal_receiver(*stops) as signals:
@@ -118,13 +137,13 @@ async def _follow(namespace: str, view: _View,
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_cancel_on_signal, signals, tg.cancel_scope)
                 tg.start_soon(_cancel_when_unread, tg.cancel_scope)
-                events = aiter(LocalDiscovery.Subscriber(namespace))
+                events = aiter(subscriber)
                 try:
                     with view:
                         async for event in events:
                             view.show(event, time.time())
                 except DiscoveryNamespaceNotFound:
-                    return f"namespace {namespace!r} has no live owner"
+                    return f"namespace {namespace!r} has no live owner{elsewhere}"
                 except (DiscoveryError, TimeoutError, OSError) as exc:
                     return str(exc)
                 except _Gone:

@@ -1,9 +1,11 @@
 """``anywool worker``: host workers announced into a namespace until SIGINT or SIGTERM.
 
 The workers are a :class:`~anywool.WorkerPool`'s spawned workers, announced through
-``LanDiscovery(namespace)`` (TCP, authenticated, on every interface by default) or
-``LocalDiscovery(namespace)`` (this host; the command owns the namespace). A pool elsewhere
-dispatches to them by subscribing to that namespace. On SIGINT or SIGTERM the command stops
+``LanDiscovery(namespace)`` (TCP, authenticated, on every interface by default),
+``EtcdDiscovery(namespace, ...)`` (TCP likewise; the command owns the namespace in the cluster
+the ``--etcd*`` options name, or with ``--join`` borrows one another process owns:
+``own=False``) or ``LocalDiscovery(namespace)`` (this host; the command owns the namespace). A
+pool elsewhere dispatches to them by subscribing to that namespace. On SIGINT or SIGTERM the command stops
 taking calls, withdraws the workers, lets their calls drain for ``--drain`` seconds, stops them
 and exits 0; a second signal cuts the drain short.
 
@@ -36,7 +38,14 @@ import anyio
 import click
 
 from anywool import _interfaces, _secret
-from anywool.errors import DiscoveryNamespaceInUse, WorkerError
+from anywool.cli._etcd_ops import DEFAULT_ENDPOINT, EtcdCluster, etcd_options, given_options
+from anywool.errors import (
+    DiscoveryNamespaceInUse,
+    DiscoveryNamespaceNotFound,
+    DiscoveryServiceError,
+    DiscoveryUnavailable,
+    WorkerError,
+)
 from anywool.runtime._auth import MutualTLS
 from anywool.runtime._pool import MAX_SPAWN, WorkerPool
 
@@ -72,16 +81,17 @@ def _read_secret(path: Path | None) -> bytes | None:
 
 
 @click.command()
-@click.option("--discovery", type=click.Choice(["lan", "local"]), default="lan",
+@click.option("--discovery", type=click.Choice(["lan", "etcd", "local"]), default="lan",
               show_default=True,
-              help="lan: announce over mDNS to the LAN (TCP workers); local: this host only.")
+              help="lan: announce over mDNS to the LAN (TCP workers); etcd: in an etcd cluster "
+                   "(TCP workers; see --etcd); local: this host only.")
 @click.option("--namespace", "-n", required=True, help="The namespace to announce the workers in.")
 @click.option("--workers", "-w", type=click.IntRange(min=1, max=MAX_SPAWN), default=1,
               show_default=True, help="Worker processes to host.")
 @click.option("--host", default=None,
-              help="Address the workers listen on (TCP). Default with lan: the first "
-                   "non-loopback --interface, else 0.0.0.0, announcing a routable address of "
-                   "this host; with local: a Unix socket.")
+              help="Address the workers listen on (TCP). Default with lan and etcd: the first "
+                   "non-loopback --interface (lan), else 0.0.0.0, announcing a routable address "
+                   "of this host; with local: a Unix socket.")
 @click.option("--secret-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help=f"File holding the shared secret (at least {_secret.MIN_LENGTH} bytes). "
                    f"Default: ${_secret.ENV}.")
@@ -96,6 +106,12 @@ def _read_secret(path: Path | None) -> bytes | None:
 @click.option("--interface", "interfaces", multiple=True,
               help="lan: the IP address of an interface to multicast on (repeatable; default: "
                    "all).")
+@etcd_options(f"etcd: a member's client URL (repeatable; default {DEFAULT_ENDPOINT}).")
+@click.option("--etcd-lease-ttl", type=click.IntRange(min=1), default=None,
+              help="etcd: seconds a dead owner's claim and dead workers outlive their last "
+                   "lease renewal (default: 5).")
+@click.option("--join", is_flag=True,
+              help="etcd: borrow a namespace another process owns instead of owning it.")
 @click.option("--backend", type=click.Choice(["asyncio", "trio"]), default="asyncio",
               show_default=True, help="Event loop of this command and its workers.")
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=None,
@@ -104,17 +120,27 @@ def _read_secret(path: Path | None) -> bytes | None:
               help="Seconds in-flight calls get to finish at shutdown.")
 def worker(discovery: str, namespace: str, workers: int, host: str | None,
            secret_file: Path | None, tls_cert: str | None, tls_key: str | None,
-           tls_ca: str | None, tags: tuple[str, ...], interfaces: tuple[str, ...], backend: str,
-           max_concurrency: int | None, drain: float) -> None:
+           tls_ca: str | None, tags: tuple[str, ...], interfaces: tuple[str, ...],
+           etcd_lease_ttl: int | None, join: bool, backend: str, max_concurrency: int | None,
+           drain: float, **etcd: Any) -> None:
     """Host worker processes announced into the --namespace NS until SIGINT or SIGTERM.
 
     A pool in another process, or on another host, dispatches to them with
-    WorkerPool(discovery=LanDiscovery.Subscriber(NS), secret=...) (lan) or
+    WorkerPool(discovery=LanDiscovery.Subscriber(NS), secret=...) (lan),
+    WorkerPool(discovery=EtcdDiscovery.Subscriber(NS, endpoints=...), secret=...) (etcd) or
     WorkerPool(discovery=LocalDiscovery.Subscriber(NS)) (local).
     """
     if not namespace:
         raise click.BadParameter("must not be empty", param_hint="--namespace")
-    if discovery == "lan" and host is None:
+    if discovery != "etcd":
+        given = given_options(etcd) + ["--etcd-lease-ttl"] * (etcd_lease_ttl is not None) \
+            + ["--join"] * join
+        if given:
+            raise click.UsageError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} "
+                                   "for --discovery etcd only")
+    if interfaces and discovery != "lan":
+        raise click.UsageError("--interface applies to --discovery lan only")
+    if discovery != "local" and host is None:
         # On the network mDNS is told to use, when it is told: bound to that address, the
         # workers announce it (a wildcard bind announces the first address of any interface).
         chosen = [i for i in interfaces if not _interfaces.is_loopback(i)]
@@ -131,19 +157,20 @@ def worker(discovery: str, namespace: str, workers: int, host: str | None,
             tls = MutualTLS(tls_cert, tls_key, cafile=tls_ca)
         except (TypeError, ValueError) as exc:
             raise click.UsageError(str(exc)) from None
-    if interfaces and discovery != "lan":
-        raise click.UsageError("--interface applies to --discovery lan only")
     if host and secret is None and tls is None and not os.environ.get(_secret.ENV):
         raise click.UsageError(
             "workers on TCP accept only peers that authenticate: pass --secret-file (a file of "
             f"at least {_secret.MIN_LENGTH} bytes), set ${_secret.ENV}, or pass --tls-cert and "
             "--tls-ca")
+    cluster = EtcdCluster.from_options(**etcd) if discovery == "etcd" else None
     try:
         if discovery == "lan":
             from anywool.discovery.lan import LanDiscovery
 
             where: Any = LanDiscovery(namespace, interfaces=list(interfaces) or None,
                                       secret=secret)
+        elif cluster is not None:
+            where = cluster.discovery(namespace, lease_ttl=etcd_lease_ttl, own=not join)
         else:
             from anywool.discovery.local import LocalDiscovery
 
@@ -184,12 +211,17 @@ def _note_signal(number: int, _frame: object) -> None:
 
 
 def _expected(exc: BaseException) -> BaseException | None:
-    """The error a user is told in one line (a namespace in use, a worker that cannot start,
-    an interface zeroconf cannot use), also from inside the exception groups of task groups;
-    ``None`` for anything else."""
+    """The error a user is told in one line (a namespace in use, or without an owner to join,
+    an etcd cluster that does not answer or refuses, a worker that cannot start, an interface
+    zeroconf cannot use), also from inside the exception groups of task groups; ``None`` for
+    anything else."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
-    return exc if isinstance(exc, (DiscoveryNamespaceInUse, WorkerError, OSError)) else None
+    return exc if isinstance(exc, _EXPECTED) else None
+
+
+_EXPECTED = (DiscoveryNamespaceInUse, DiscoveryNamespaceNotFound, DiscoveryUnavailable,
+             DiscoveryServiceError, WorkerError, OSError)
 
 
 async def _host(pool: WorkerPool) -> None:
