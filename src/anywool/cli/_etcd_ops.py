@@ -121,14 +121,14 @@ class EtcdCluster:
         try:
             urls = _config.check_endpoints(list(endpoints))
         except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--etcd") from None
+            raise click.BadParameter(str(exc), param_hint="'--etcd'") from None
         try:
             prefix = _config.check_prefix(etcd_prefix if etcd_prefix is not None
                                           else _config.DEFAULT_PREFIX)
         except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--etcd-prefix") from None
+            raise click.BadParameter(str(exc), param_hint="'--etcd-prefix'") from None
         if etcd_user == "":
-            raise click.BadParameter("must not be empty", param_hint="--etcd-user")
+            raise click.BadParameter("must not be empty", param_hint="'--etcd-user'")
         if etcd_key and not etcd_cert:
             raise click.UsageError("--etcd-key needs --etcd-cert")
         tls: ssl.SSLContext | MutualTLS | None = None
@@ -145,7 +145,7 @@ class EtcdCluster:
                 tls = ssl.create_default_context(cafile=etcd_ca)
             except (ssl.SSLError, OSError) as exc:
                 raise click.BadParameter(f"cannot load a CA bundle from {etcd_ca}: {exc}",
-                                         param_hint="--etcd-ca") from None
+                                         param_hint="'--etcd-ca'") from None
         if tls is not None and not urls[0].startswith("https:"):
             raise click.UsageError("--etcd-ca and --etcd-cert are for https:// members, got "
                                    + ", ".join(urls))
