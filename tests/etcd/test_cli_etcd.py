@@ -72,10 +72,14 @@ def keys_under(etcd: EtcdMember, prefix: str) -> list[str]:
 async def host(*args: str) -> tuple[Child, list[str]]:
     """Start ``anywool worker ARGS``; its worker lines once it says ``ready``."""
     child = await start(COMMAND, "worker", *args)
-    assert await child.readline() == "starting"
-    lines = []
-    while (line := await child.readline()) != "ready":
-        lines.append(line)
+    try:
+        assert await child.readline() == "starting"
+        lines = []
+        while (line := await child.readline()) != "ready":
+            lines.append(line)
+    except BaseException:
+        await stop([child])  # it failed to start: reaped all the same
+        raise
     return child, lines
 
 
@@ -312,6 +316,18 @@ def test_watch_of_a_namespace_without_owner_is_exit_1(etcd: EtcdMember, etcd_pre
 # -- usage errors ----------------------------------------------------------------------------
 
 
+@pytest.fixture
+def never_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker command run in this process that gets as far as saying ``starting`` fails at
+    once, rather than hosting workers until a signal that never comes."""
+    from anywool.cli import _worker_command
+
+    def refuse(line: str) -> None:
+        raise AssertionError(f"the command went on to say {line!r}")
+
+    monkeypatch.setattr(_worker_command, "_say", refuse)
+
+
 @pytest.mark.parametrize("args, message", [
     (["worker", "--discovery", "local", "--etcd", "http://127.0.0.1:2379"],
      "--etcd is for --discovery etcd only"),
@@ -332,7 +348,8 @@ def test_watch_of_a_namespace_without_owner_is_exit_1(etcd: EtcdMember, etcd_pre
     (["watch", "ns", "--etcd-user", "u", "--etcd-ca", __file__],
      "--etcd-user, --etcd-ca need --etcd URL"),
 ])
-def test_bad_option_combinations_are_usage_errors(args: list[str], message: str) -> None:
+def test_bad_option_combinations_are_usage_errors(args: list[str], message: str,
+                                                  never_starts: None) -> None:
     if args[0] == "worker":
         args = [*args, "-n", "ns"]
     # A secret in the environment: the checks after the one for TCP credentials run too.
@@ -342,7 +359,7 @@ def test_bad_option_combinations_are_usage_errors(args: list[str], message: str)
     assert result.stdout == ""  # refused before "starting"
 
 
-def test_tcp_workers_in_etcd_need_credentials() -> None:
+def test_tcp_workers_in_etcd_need_credentials(never_starts: None) -> None:
     result = CliRunner(env={"ANYWOOL_SECRET": None}).invoke(
         main, ["worker", "--discovery", "etcd", "-n", "ns"])
     assert result.exit_code == 2

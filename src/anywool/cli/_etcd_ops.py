@@ -309,8 +309,9 @@ async def read_namespace(cluster: EtcdCluster, namespace: str) -> EtcdNamespace 
     kvs = answer.get("kvs")
     if not kvs:
         return None
+    workers: list[EtcdWorker] = []
     state = EtcdNamespace(keys.base.rstrip(b"/").decode(errors="replace"), "orphaned",
-                          workers=[])
+                          workers=workers)
     undecodable = 0
     for kv in kvs:
         key = _keys.unb64(kv.get("key", ""))
@@ -327,7 +328,7 @@ async def read_namespace(cluster: EtcdCluster, namespace: str) -> EtcdNamespace 
             undecodable += 1
             continue
         lease = int(kv.get("lease", 0))
-        state.workers.append(EtcdWorker(metadata, lease))  # type: ignore[union-attr]
+        workers.append(EtcdWorker(metadata, lease))
         state.worker_count += 1
         _count_lease(state, lease)
     if undecodable:
