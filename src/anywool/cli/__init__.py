@@ -2,13 +2,14 @@
 
 * ``anywool demo``: hash files on a local worker pool, checking every digest
   (:mod:`anywool.cli._demo_command`);
-* ``anywool worker``: host workers announced into a namespace, on this host or to the LAN,
-  until SIGINT or SIGTERM (:mod:`anywool.cli._worker_command`);
+* ``anywool worker``: host workers announced into a namespace, on this host, to the LAN or in an
+  etcd cluster, until SIGINT or SIGTERM (:mod:`anywool.cli._worker_command`);
 * operations on this host's runtime directory (what they share is :mod:`anywool.cli._ops`):
   ``anywool ls`` lists its namespaces, ``anywool show NS`` one namespace and its workers,
   ``anywool watch NS`` follows its workers live, ``anywool reclaim [NS]`` removes what dead
   processes left (:mod:`anywool.cli._ls_command`, ``_show_command``, ``_watch_command``,
-  ``_reclaim_command``).
+  ``_reclaim_command``); with ``--etcd URL``, ``ls``, ``show`` and ``watch`` read an etcd
+  cluster instead (the ``--etcd`` options and the reads: :mod:`anywool.cli._etcd_ops`).
 
 Presentation only (click, rich): the work is the library's.
 """
