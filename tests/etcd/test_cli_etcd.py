@@ -181,15 +181,20 @@ def test_what_the_command_cannot_use_is_one_line_of_error(
     assert keys_under(etcd, etcd_prefix) == []  # nothing created, not even a lease's key
 
 
-async def test_a_namespace_in_use_is_one_line_of_error(
+def test_a_namespace_in_use_is_one_line_of_error(
         etcd: EtcdMember, etcd_prefix: str, namespace: str, secret: tuple[str, str]) -> None:
-    with anyio.fail_after(30):
-        async with EtcdDiscovery(namespace, endpoints=etcd.url, prefix=etcd_prefix,
-                                 lease_ttl=TTL):
-            done = await anyio.to_thread.run_sync(
-                lambda: _run_worker("--discovery", "etcd", *etcd_args(etcd, etcd_prefix),
-                                    "-n", namespace, "--host", "127.0.0.1",
-                                    "--secret-file", secret[1]))
+    # Synchronous (the command is what runs under a backend, with its default here): the owner
+    # is this process's, in an event loop of its own for the command's lifetime.
+    async def owned() -> subprocess.CompletedProcess[str]:
+        with anyio.fail_after(30):
+            async with EtcdDiscovery(namespace, endpoints=etcd.url, prefix=etcd_prefix,
+                                     lease_ttl=TTL):
+                return await anyio.to_thread.run_sync(
+                    lambda: _run_worker("--discovery", "etcd", *etcd_args(etcd, etcd_prefix),
+                                        "-n", namespace, "--host", "127.0.0.1",
+                                        "--secret-file", secret[1]))
+
+    done = anyio.run(owned)
     assert done.returncode == 1
     assert done.stderr.startswith("Error: ") and done.stderr.count("\n") == 1, done.stderr
     assert f"owned by live process {os.getpid()}" in done.stderr and namespace in done.stderr
@@ -275,6 +280,34 @@ def test_ls_and_show_of_nothing(etcd: EtcdMember, etcd_prefix: str, namespace: s
     missing = invoke("show", namespace, *where, "--json")
     assert missing.exit_code == 1 and missing.stdout == ""
     assert f"no namespace {namespace!r} in etcd at {etcd.url}" in missing.stderr
+
+
+def test_workers_without_an_owner_are_listed_orphaned(etcd: EtcdMember, etcd_prefix: str,
+                                                      namespace: str) -> None:
+    # What a displaced owner's publishers leave: worker keys, no owner key.
+    metadata = _metadata(0)
+    key = f"{etcd_prefix}/ns/{_digest(namespace)}/workers/{metadata.uid.hex}".encode()
+    gateway.call(etcd.url, "/v3/kv/put", {"key": base64.b64encode(key).decode(),
+                                          "value": base64.b64encode(metadata.to_bytes()).decode()})
+    where = etcd_args(etcd, etcd_prefix)
+    (listed,) = json.loads(invoke("ls", *where, "--json").stdout)["namespaces"]
+    shown = json.loads(invoke("show", namespace, *where, "--json").stdout)["namespace"]
+    assert {k: v for k, v in shown.items() if k != "workers"} == listed
+    assert (listed["state"], listed["name"], listed["owner_pid"], listed["generation"],
+            listed["worker_count"], listed["leases"]) == ("orphaned", None, None, None, 1, [])
+    (worker,) = shown["workers"]
+    assert (worker["uid"], worker["lease"], worker["publisher_alive"]) == (
+        str(metadata.uid), None, None)
+    row = invoke("ls", *where).stdout.strip().splitlines()[-1].split()
+    assert row[1:] == ["orphaned", "none", "?", "1", "none"]
+
+
+def test_ls_of_a_cluster_that_does_not_answer_is_one_line_of_error() -> None:
+    url = f"http://127.0.0.1:{_unused_port()}"
+    result = invoke("ls", "--etcd", url)
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr.startswith(f"Error: no member of the discovery service answered ({url})")
+    assert result.stderr.count("\n") == 1
 
 
 # -- watch -----------------------------------------------------------------------------------
