@@ -6,7 +6,9 @@ Both AnyIO backends come from anywool's own pytest plugin (``anywool.testing``):
 
 After every test (and after every function-scoped fixture it used has been torn down):
 
-* no child process of the test process is alive, nor exited but unreaped (a zombie);
+* no child process of the test process is alive, nor exited but unreaped (a zombie), except
+  the etcd members that session- and module-scoped fixtures keep across tests
+  (``tests.etcd.cluster.SERVICE_PIDS``);
 * no thread started by the test is still running (idle event-loop pool threads excepted);
 * the private runtime directory is empty (the plugin's ``anywool_runtime_dir``, which this
   suite uses for every test under the name ``runtime_dir``).
@@ -47,6 +49,7 @@ from anyio._backends import _asyncio as _anyio_asyncio
 # The plugin's bounded grace: GRACE seconds, polled with growing intervals while something is
 # still there.
 from anywool.testing._settle import GRACE, settle
+from tests.etcd import cluster as _etcd_cluster
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -83,7 +86,10 @@ def namespace() -> str:
 
 
 def _children() -> list[psutil.Process]:
-    return psutil.Process().children(recursive=True)
+    # etcd members that session- or module-scoped fixtures keep across tests are not any one
+    # test's children: they are listed while they run (tests/etcd/cluster.py).
+    return [process for process in psutil.Process().children(recursive=True)
+            if process.pid not in _etcd_cluster.SERVICE_PIDS]
 
 
 def _describe_process(process: psutil.Process) -> tuple[bool, str]:

@@ -1,0 +1,1 @@
+"""Tests against real etcd servers (:mod:`tests.etcd.cluster` starts them)."""
