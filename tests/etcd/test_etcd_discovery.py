@@ -386,11 +386,11 @@ async def test_a_snapshot_then_every_change_in_order_without_gap_or_duplicate(
             async def churn() -> None:
                 for i in range(40):
                     metadata = worker(f"10.0.1.{i}:1")
-                    await publisher.publish("worker-added", metadata)
                     expected.append(("worker-added", metadata.uid))
+                    await publisher.publish("worker-added", metadata)
                     if i % 3 == 0:
-                        await publisher.publish("worker-dropped", metadata)
                         expected.append(("worker-dropped", metadata.uid))
+                        await publisher.publish("worker-dropped", metadata)
 
             tg.start_soon(churn)
             with anyio.fail_after(20):

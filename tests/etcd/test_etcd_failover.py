@@ -36,8 +36,8 @@ async def _through(cluster: EtcdCluster, watched: EtcdMember, fault: str, prefix
             metadata = worker(f"10.0.0.{i}:1")
             await publisher.publish("worker-added", metadata)
             expected.append(("worker-added", metadata.uid))
-        with anyio.fail_after(5):
-            assert await take(events, 3) == expected
+        with anyio.fail_after(5):  # (some may come in the snapshot, which has no order)
+            assert set(await take(events, 3)) == set(expected)
         if fault == "kill":
             watched.kill()
         else:
