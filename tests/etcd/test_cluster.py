@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import select
+import socket
 import subprocess
 import sys
 import time
@@ -99,6 +100,40 @@ def test_a_frozen_member_times_out_while_the_others_answer(etcd_cluster3: EtcdCl
         statuses = [client.post(f"{member.url}/v3/kv/range", json=body).status_code
                     for member in others]
     assert statuses == [200, 200]
+
+
+def test_heal_brings_back_killed_and_frozen_members(etcd_cluster3: EtcdCluster) -> None:
+    killed, frozen, _ = etcd_cluster3.members
+    killed.kill()
+    frozen.freeze()
+    etcd_cluster3.heal(timeout=10)
+    body = {"key": _b64("/anywool-test/any"), "serializable": True}
+    with httpx.Client(timeout=2) as client:
+        statuses = [client.post(f"{url}/v3/kv/range", json=body).status_code
+                    for url in etcd_cluster3.urls]
+    assert statuses == [200, 200, 200]
+
+
+def test_a_member_whose_port_is_taken_starts_on_fresh_ports(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    picked: list[list[int]] = []
+    free_ports = cluster._free_ports
+
+    def the_first_client_port_taken(count: int) -> list[int]:
+        ports = free_ports(count)
+        if not picked:
+            ports[0] = taken
+        picked.append(ports)
+        return ports
+
+    monkeypatch.setattr(cluster, "_free_ports", the_first_client_port_taken)
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))  # bound, not listening: etcd's bind fails, probes refused
+        taken = blocker.getsockname()[1]
+        with EtcdMember.start(name="race") as member:
+            log = member.log_path.read_text()
+            assert (len(picked), member.client_port) == (2, picked[1][0])
+    assert "address already in use" in log
 
 
 def test_the_tls_member_refuses_a_client_without_a_certificate(etcd_tls: EtcdTLSServer) -> None:
