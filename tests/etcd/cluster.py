@@ -24,7 +24,9 @@ Why these choices:
 
 * **Data on tmpfs** (``/dev/shm`` where it exists): on disk, etcd's fsyncs stall puts for tens of
   milliseconds (p99 79 ms against 5 ms on tmpfs, etcd-gateway-notes §7 pitfall 17). Elsewhere the
-  member runs with ``--unsafe-no-fsync`` instead, which only matters if the host crashes.
+  member runs with ``--unsafe-no-fsync`` instead, which only matters if the host crashes. The
+  price: etcd preallocates its write-ahead log, so each running member holds about 128 MB of
+  memory in tmpfs until its directory is removed.
 * **Ports picked in advance** (free loopback ports, then given to etcd): with port 0 etcd's
   built-in JSON gateway cannot reach its own gRPC server (pitfall 8). Another process may take a
   picked port before etcd binds it; a member that exits while starting is retried on fresh ports,
@@ -36,10 +38,12 @@ Why these choices:
 * ``--experimental-watch-progress-notify-interval 1s``: watches that ask for progress
   notifications get one every second rather than every 10 minutes.
 * Each member's process is in its own session (``start_new_session``), so a Ctrl-C on the test run
-  reaches the tests, not etcd; the fixtures stop it. Started from the main thread, it also gets
-  ``SIGKILL`` as its parent-death signal (``setpriv --pdeathsig``, where util-linux has it), so a
-  test run that is killed outright does not leave etcd behind; a test run that exits leaves none
-  either (an ``atexit`` handler kills what is still running).
+  reaches the tests, not etcd; the fixtures stop it. A test run that exits leaves none behind (an
+  ``atexit`` handler kills what still runs), nor does one killed outright: a member started from
+  the main thread gets ``SIGKILL`` as its parent-death signal (``setpriv --pdeathsig``, where
+  util-linux has it). Only from the main thread, because that signal fires when the *thread*
+  that started the process exits, and a worker thread may exit long before the process. The next
+  member started removes the directories that dead processes left.
 
 Members that fixtures keep across tests (session or module scope) are started with
 ``service=True``: their pids are in :data:`SERVICE_PIDS` while they run, which the suite's
@@ -91,6 +95,7 @@ STOP_TIMEOUT = 10.0
 #: Starts on fresh ports after a member exited while starting (a port taken meanwhile).
 START_ATTEMPTS = 3
 
+_NAME = re.compile(r"[A-Za-z0-9_-]+")  # goes into --initial-cluster and a directory name
 _ACCEPTED_STOP_CODES = (0, -signal.SIGTERM)  # etcd reports its clean SIGTERM stop as -15
 _LOG_TAIL_BYTES = 3000
 _READY_BODY = {"key": base64.b64encode(b"anywool-etcd-ready").decode()}
@@ -354,8 +359,11 @@ class EtcdMember:
             :data:`READY_TIMEOUT` seconds, or it exited while starting :data:`START_ATTEMPTS`
             times (each time on fresh ports).
         """
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"name must be letters, digits, '-' or '_', got {name!r}")
         binary = _require_binary()
         root = _make_root(name)
+        member: EtcdMember | None = None
         try:
             material = EtcdTLS(root / "tls") if tls else None
             failures: list[str] = []
@@ -365,7 +373,7 @@ class EtcdMember:
                              f"{name}=http://127.0.0.1:{peer_port}", uuid.uuid4().hex,
                              tls=material, service=service)
                 member._spawn(binary, "new")
-                problem = _wait_ready([member], time.monotonic() + READY_TIMEOUT)
+                problem = _wait_ready([member], READY_TIMEOUT)
                 if problem is None:
                     member._root = root
                     return member
@@ -373,7 +381,9 @@ class EtcdMember:
                 member._discard_attempt()
             raise EtcdStartError(f"etcd member {name!r} did not start in {START_ATTEMPTS} "
                                  "attempts:\n" + "\n".join(failures))
-        except BaseException:
+        except BaseException:  # KeyboardInterrupt too: leave no process and no directory
+            if member is not None:
+                member.kill()
             _remove_root(root)
             raise
 
@@ -554,7 +564,7 @@ class EtcdMember:
         if self.running:
             raise RuntimeError(f"etcd member {self.name} is still running ({self._state()})")
         self._spawn(_require_binary(), "existing")
-        problem = _wait_ready([self], time.monotonic() + timeout)
+        problem = _wait_ready([self], timeout)
         if problem is not None:
             self.kill()
             raise EtcdStartError(f"etcd member {self.name} did not restart: {problem}")
@@ -578,11 +588,13 @@ class EtcdMember:
         self.close()
 
 
-def _wait_ready(members: list[EtcdMember], deadline: float) -> str | None:
-    """Poll until every member serves; ``None``, or what went wrong (with log tails).
+def _wait_ready(members: list[EtcdMember], timeout: float) -> str | None:
+    """Poll until every member serves, for at most ``timeout`` seconds; ``None``, or what went
+    wrong (with log tails).
 
     Gives up as soon as any of them exits (its peers may never get a quorum without it).
     """
+    deadline = time.monotonic() + timeout
     pending = list(members)
     while True:
         for member in list(pending):
@@ -598,7 +610,7 @@ def _wait_ready(members: list[EtcdMember], deadline: float) -> str | None:
         if time.monotonic() >= deadline:
             tails = "\n".join(f"{m.name} (pid {m.pid}) log tail:\n{_log_tail(m.log_path)}"
                               for m in pending)
-            return f"etcd did not serve within {READY_TIMEOUT:.0f} s:\n{tails}"
+            return f"etcd did not serve within {timeout:g} s:\n{tails}"
         time.sleep(READY_POLL)
 
 
@@ -621,6 +633,7 @@ class EtcdCluster:
         binary = _require_binary()
         self._root = _make_root(f"cluster{n}")
         failures: list[str] = []
+        members: list[EtcdMember] = []
         try:
             for _ in range(START_ATTEMPTS):
                 ports = _free_ports(2 * n)
@@ -633,7 +646,7 @@ class EtcdCluster:
                            for i, name in enumerate(names)]
                 for member in members:
                     member._spawn(binary, "new")
-                problem = _wait_ready(members, time.monotonic() + READY_TIMEOUT)
+                problem = _wait_ready(members, READY_TIMEOUT)
                 if problem is None:
                     self.members = members
                     self.urls = [member.url for member in members]
@@ -643,7 +656,9 @@ class EtcdCluster:
                     member._discard_attempt()
             raise EtcdStartError(f"etcd cluster of {n} did not start in {START_ATTEMPTS} "
                                  "attempts:\n" + "\n".join(failures))
-        except BaseException:
+        except BaseException:  # KeyboardInterrupt too: leave no process and no directory
+            for member in members:
+                member.kill()
             _remove_root(self._root)
             raise
 
@@ -677,7 +692,7 @@ class EtcdCluster:
         for member in self.members:
             if not member.running:
                 member._spawn(binary, "existing")
-        problem = _wait_ready(self.members, time.monotonic() + timeout)
+        problem = _wait_ready(self.members, timeout)
         if problem is not None:
             raise EtcdStartError(f"etcd cluster did not heal: {problem}")
 

@@ -37,6 +37,16 @@ log = logging.getLogger(__name__)
 #: gRPC codes etcd answers with that callers look at.
 NOT_FOUND = 5
 UNAUTHENTICATED = 16
+#: Codes of a member that cannot serve right now (no leader, leader changed, timed out):
+#: another member may, so they fail over like a transport error.
+TRANSIENT = frozenset({4, 14})
+
+
+_RETRY_PAUSE = 0.05
+
+
+class _Transient(Exception):
+    """A member answered that it cannot serve the request now."""
 
 
 def describe(exc: BaseException) -> str:
@@ -150,33 +160,48 @@ class Gateway:
         """
         budget = self.config.request_timeout if timeout is None else timeout
         endpoints = self.config.endpoints
-        order = [endpoint] if endpoint is not None else \
-            [endpoints[(self._current + i) % len(endpoints)] for i in range(len(endpoints))]
         failures: list[str] = []
-        for url in order:
-            try:
-                if self._token is None and self.config.username is not None:
-                    await self._authenticate(url, budget)
-                response = await self._post(url, path, body, budget)
-                if response.status_code == 401 and self.config.username is not None:
-                    await self._authenticate(url, budget)  # the token expired: once more
-                    response = await self._post(url, path, body, budget)
-            except (httpx.TransportError, TimeoutError) as exc:
-                failures.append(f"{url}: {describe(exc)}")
-                if endpoint is None:
-                    self.rotate()
-                continue
-            if response.status_code != 200:
-                raise refusal(url, response)
-            try:
-                answer = response.json()
-            except ValueError:
-                raise DiscoveryServiceError(url, None, "answered something that is not JSON: "
-                                            f"{response.text[:200]!r}") from None
-            if not isinstance(answer, dict):
-                raise DiscoveryServiceError(url, None, f"answered {answer!r}")
-            return answer  # pyright: ignore[reportUnknownVariableType]
-        raise DiscoveryUnavailable(tuple(order), "; ".join(failures))
+        # A member that cannot serve now (an election) is retried, with the others, until the
+        # budget is spent; one that cannot be reached is not (an unreachable cluster fails fast).
+        deadline = anyio.current_time() + budget
+        while True:
+            order = [endpoint] if endpoint is not None else \
+                [endpoints[(self._current + i) % len(endpoints)] for i in range(len(endpoints))]
+            transient = False
+            for url in order:
+                try:
+                    return await self._call_one(url, path, body, budget)
+                except (httpx.TransportError, TimeoutError, _Transient) as exc:
+                    failures.append(f"{url}: {describe(exc)}")
+                    transient = transient or isinstance(exc, _Transient)
+                    if endpoint is None:
+                        self.rotate()
+            if not transient or anyio.current_time() + _RETRY_PAUSE >= deadline:
+                break
+            await anyio.sleep(_RETRY_PAUSE)
+        raise DiscoveryUnavailable(tuple(order), "; ".join(failures[-len(order) * 2:]))
+
+    async def _call_one(self, url: str, path: str, body: dict[str, Any],
+                        budget: float) -> dict[str, Any]:
+        if self._token is None and self.config.username is not None:
+            await self._authenticate(url, budget)
+        response = await self._post(url, path, body, budget)
+        if response.status_code == 401 and self.config.username is not None:
+            await self._authenticate(url, budget)  # the token expired: once more
+            response = await self._post(url, path, body, budget)
+        if response.status_code != 200:
+            error = refusal(url, response)
+            if error.code in TRANSIENT or response.status_code == 503:
+                raise _Transient(error.message)
+            raise error
+        try:
+            answer = response.json()
+        except ValueError:
+            raise DiscoveryServiceError(url, None, "answered something that is not JSON: "
+                                        f"{response.text[:200]!r}") from None
+        if not isinstance(answer, dict):
+            raise DiscoveryServiceError(url, None, f"answered {answer!r}")
+        return answer  # pyright: ignore[reportUnknownVariableType]
 
     @asynccontextmanager
     async def stream(self, path: str, body: dict[str, Any],
