@@ -56,13 +56,22 @@ async def _through(cluster: EtcdCluster, watched: EtcdMember, fault: str, prefix
         tg.cancel_scope.cancel()
 
 
+async def leader_of(cluster: EtcdCluster) -> EtcdMember:
+    """The leader, once one is elected (the cluster may be electing as the test starts)."""
+    with anyio.fail_after(5):
+        while (leader := cluster.leader()) is None:
+            await anyio.sleep(0.02)
+    return leader
+
+
 async def test_a_subscription_survives_the_leaders_death(etcd_cluster3: EtcdCluster,
                                                          etcd_prefix: str) -> None:
-    leader = etcd_cluster3.leader()
+    leader = await leader_of(etcd_cluster3)
     await _through(etcd_cluster3, leader, "kill", etcd_prefix)
 
 
 async def test_a_subscription_leaves_a_frozen_member(etcd_cluster3: EtcdCluster,
                                                      etcd_prefix: str) -> None:
-    follower = next(m for m in etcd_cluster3.members if m is not etcd_cluster3.leader())
+    leader = await leader_of(etcd_cluster3)
+    follower = next(m for m in etcd_cluster3.members if m is not leader)
     await _through(etcd_cluster3, follower, "freeze", etcd_prefix)

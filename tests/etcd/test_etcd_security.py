@@ -1,0 +1,77 @@
+"""EtcdDiscovery on a secured cluster: mutual TLS (a CN-less client certificate) and password
+authentication, alone and together; refusals are clear errors. Both backends."""
+
+from __future__ import annotations
+
+import uuid
+
+import anyio
+import pytest
+
+from anywool import EtcdDiscovery, MutualTLS
+from anywool.errors import DiscoveryServiceError, DiscoveryUnavailable
+from tests.etcd.cluster import EtcdMember, EtcdTLSServer
+from tests.etcd.gateway import enable_auth
+from tests.helpers import follow, take, worker
+
+pytestmark = pytest.mark.anyio
+
+
+async def round_trip(discovery: EtcdDiscovery) -> None:
+    """Claim, publish, see it through a subscription, release."""
+    async with discovery as owner, owner.publisher as publisher, anyio.create_task_group() as tg:
+        events = await follow(tg, owner.subscriber)
+        metadata = worker("10.0.0.1:1")
+        await publisher.publish("worker-added", metadata)
+        with anyio.fail_after(5):
+            assert await take(events, 1) == [("worker-added", metadata.uid)]
+        tg.cancel_scope.cancel()
+
+
+async def test_mutual_tls_with_a_context_or_a_mutualtls(etcd_tls: EtcdTLSServer) -> None:
+    with anyio.fail_after(15):
+        await round_trip(EtcdDiscovery(f"ns-{uuid.uuid4().hex}", endpoints=etcd_tls.url,
+                                       tls=etcd_tls.ssl_context()))
+        await round_trip(EtcdDiscovery(
+            f"ns-{uuid.uuid4().hex}", endpoints=etcd_tls.url,
+            tls=MutualTLS(etcd_tls.client_cert_path, etcd_tls.client_key_path,
+                          cafile=etcd_tls.ca_path)))
+
+
+async def test_a_client_without_a_certificate_is_refused_clearly(
+        etcd_tls: EtcdTLSServer) -> None:
+    with anyio.fail_after(10):
+        with pytest.raises(DiscoveryUnavailable) as caught:
+            async with EtcdDiscovery(f"ns-{uuid.uuid4().hex}", endpoints=etcd_tls.url,
+                                     tls=etcd_tls.ssl_context(client_cert=False)):
+                pass
+    # trio's TLS errors have an empty message: the type is always named.
+    assert "ConnectError" in str(caught.value) or "ReadError" in str(caught.value)
+
+
+async def test_password_authentication_and_a_wrong_password(etcd_private: EtcdMember,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    enable_auth(etcd_private.url, "app", "app-password")
+    with anyio.fail_after(20):
+        await round_trip(EtcdDiscovery(f"ns-{uuid.uuid4().hex}", endpoints=etcd_private.url,
+                                       username="app", password="app-password"))
+        # The password may come from the environment (it never goes into a pickle).
+        monkeypatch.setenv("ANYWOOL_ETCD_PASSWORD", "app-password")
+        await round_trip(EtcdDiscovery(f"ns-{uuid.uuid4().hex}", endpoints=etcd_private.url,
+                                       username="app"))
+        with pytest.raises(DiscoveryServiceError) as caught:
+            async with EtcdDiscovery(f"ns-{uuid.uuid4().hex}", endpoints=etcd_private.url,
+                                     username="app", password="wrong"):
+                pass
+        assert "app-password" not in str(caught.value) and "wrong" not in repr(caught.value.args)
+        with pytest.raises(DiscoveryServiceError):  # no credentials at all
+            async with EtcdDiscovery(f"ns-{uuid.uuid4().hex}", endpoints=etcd_private.url):
+                pass
+
+
+async def test_mutual_tls_and_a_password_together(etcd_tls: EtcdTLSServer) -> None:
+    enable_auth(etcd_tls.url, "app", "app-password", ssl_context=etcd_tls.ssl_context())
+    with anyio.fail_after(20):
+        await round_trip(EtcdDiscovery(f"ns-{uuid.uuid4().hex}", endpoints=etcd_tls.url,
+                                       tls=etcd_tls.ssl_context(), username="app",
+                                       password="app-password"))
