@@ -43,28 +43,37 @@ etcd only:
   members with ``teardown_timeout`` 1 s; every member SIGSTOPped; how long the publisher's exit
   and then the owner's take (median, max) against that budget.
 * phases of one request (``--phases`` samples): the gateway's ``httpx.AsyncClient`` creation,
-  its first request (TCP connect), a request on a warm connection through the gateway against
-  the same request written by hand on an anyio stream (HTTP/1.1, kept alive), each one's CPU
-  time in this process, closing the gateway, a lease thread's start + stop + join; and two
-  emulations built from the backend's internals (what the lead could build, not what exists):
-  today's claim + release on an already-connected gateway, and a claim + release that reuses
-  one lease of the process (two transactions, no grant, revoke or thread).
+  its first request (TCP connect), a range and a put on a warm connection through the gateway
+  against the same requests written by hand on a kept-alive anyio stream (HTTP/1.1), each one's
+  CPU time in this thread, closing the gateway, a lease thread's start + stop + join; and two
+  emulations built from the backend's internals (what could be built, not what exists): today's
+  claim + release on an already-connected gateway, and a claim + release that reuses one lease
+  of the process (two transactions: no grant, revoke or thread).
 
-Where the time goes (measured on this 2-CPU Firecracker VM, etcd 3.5.1, httpx 0.28.1; see the
-figures in the report of issue 22):
+Where the time goes (2-CPU Firecracker VM, etcd 3.5.1 on tmpfs, httpx 0.28.1, load 1.2-1.9;
+medians asyncio / trio):
 
-* claim + release is 4 round trips, one client and one connection: ``lease/grant``, the claim
-  ``kv/txn``, the release ``kv/txn`` (fenced delete of the workers and the owner key) and
-  ``lease/revoke``; plus a new ``httpx.AsyncClient`` (0.25-0.6 ms), its TCP connect (about 1 ms
-  on the first request), the lease thread's start and join (0.3-0.4 ms each: a thread running
-  ``anyio.run``) and the client's close (0.1 ms). About 11-15 ms in all.
-* one request through httpx takes 1.4-2.0 ms here, the same request written by hand on a
-  kept-alive anyio stream 0.4-0.6 ms: httpx + httpcore + h11 cost about 1 ms of CPU per
-  request in this process (1.25 ms against 0.13-0.2 ms by hand). Under asyncio, strace counts
-  about 40 ``getpid`` calls per httpx request (CPython 3.11's ``get_running_loop``), a
-  ``poll`` (httpcore checking that the pooled connection is still readable) and a
-  ``getpeername``, and the headers and the body go out in two ``send`` calls.
-* publish is one ``kv/txn`` (fenced put): one httpx request.
+* claim + release (10.6-15.5 ms) is 4 round trips: ``lease/grant``, the claim ``kv/txn``, the
+  release ``kv/txn`` (fenced delete of the workers and the owner key) and ``lease/revoke``,
+  2.5-3 ms each as writes; plus a new ``httpx.AsyncClient`` (0.5-0.7 ms), its TCP connect
+  (about 1.4 ms more on the first request), the lease thread (a thread running ``anyio.run``:
+  start + stop + join 0.9-1.3 ms) and the client's close (0.2 ms). Emulated on a connected
+  client the same sequence takes 11.7-13.5 ms: sharing a client saves the connect and the
+  creation, within this machine's noise. Emulated with one lease per process (claim txn +
+  release txn, no thread): 4.8-6.3 ms.
+* one request through httpx takes 1.6-2.6 ms (range or put alike), the same request written by
+  hand 0.5-0.9 ms: httpx + httpcore + h11 cost about 1 ms of CPU per request here (1.1-1.8 ms
+  against 0.14-0.27 ms by hand). strace of an httpx request under asyncio: about 40 ``getpid``
+  (CPython 3.11's ``get_running_loop``), a ``poll`` (httpcore checking that the pooled
+  connection is still open), a ``getpeername``, and the headers and the body in two ``send``.
+* publish (1.6-1.9 ms) is one ``kv/txn`` (a put fenced by the generation): one httpx request.
+* a leader's SIGKILL: the subscription's stream fails at once and it resumes on the next member
+  within milliseconds; what the subscriber waits for is the publisher. A request in flight to
+  a follower when the leader dies is never answered (etcd drops the forwarded proposal), so the
+  publisher waits out its per-member timeout, which is the whole ``request_timeout`` (2 s by
+  default: resume 2.02 s; 0.25 s: 0.27-0.29 s). A SIGSTOPped member is left after a failed ping
+  (every 1 s, 1 s timeout): 1.7-1.8 s. Nothing was lost, repeated or reordered.
+* with every member frozen, both exits end at their budget (1.003-1.007 s for 1 s).
 """
 
 from __future__ import annotations
@@ -249,8 +258,10 @@ async def _phases(url: str, samples: int) -> dict[str, Any]:
     warmup = 10
     config = EtcdDiscovery("phases", endpoints=url, prefix=PREFIX)._config
     probe = {"key": b64(f"{PREFIX}/phases-probe".encode())}
+    put = {"key": probe["key"], "value": b64(b"x" * 150)}  # a write goes through raft
     timings: dict[str, list[int]] = {name: [] for name in (
-        "client_create", "first_request", "warm_request", "raw_request", "gateway_aclose",
+        "client_create", "first_request", "warm_request", "raw_request", "warm_put", "raw_put",
+        "gateway_aclose",
         "lease_thread", "claim_release_warm", "claim_release_shared_lease")}
 
     # A fresh gateway as every owner, publisher and subscription makes one.
@@ -283,9 +294,15 @@ async def _phases(url: str, samples: int) -> dict[str, Any]:
             middle = clock()
             await raw.call("/v3/kv/range", probe)
             end = clock()
+            await gateway.call("/v3/kv/put", put)
+            put_middle = clock()
+            await raw.call("/v3/kv/put", put)
+            put_end = clock()
             if n >= warmup:
                 timings["warm_request"].append(middle - start)
                 timings["raw_request"].append(end - middle)
+                timings["warm_put"].append(put_middle - end)
+                timings["raw_put"].append(put_end - put_middle)
         for name, call in (("warm_request", gateway.call), ("raw_request", raw.call)):
             before = time.thread_time()
             for _ in range(samples):
@@ -675,6 +692,8 @@ PHASE_ROWS = [
     ("first request (TCP connect + request)", "first_request_ms"),
     ("request on a warm connection, httpx", "warm_request_ms"),
     ("same request by hand (anyio stream)", "raw_request_ms"),
+    ("write (kv/put, 150 B) on a warm connection, httpx", "warm_put_ms"),
+    ("same write by hand (anyio stream)", "raw_put_ms"),
     ("CPU per request, httpx", "warm_request_cpu_ms"),
     ("CPU per request, by hand", "raw_request_cpu_ms"),
     ("gateway close (1 connection)", "gateway_aclose_ms"),
