@@ -37,6 +37,7 @@ bench: $(VENV)/.bench-installed
 	$(BIN)/python benchmarks/run.py --json $(BENCH_JSON)/run.json $(ARGS)
 	$(BIN)/python benchmarks/discovery.py --json $(BENCH_JSON)/discovery.json $(ARGS)
 	$(BIN)/python benchmarks/lan.py --json $(BENCH_JSON)/lan.json
+	$(BIN)/python benchmarks/etcd.py --json $(BENCH_JSON)/etcd.json $(ARGS)
 
 clean:
 	rm -rf $(VENV)

@@ -1,6 +1,7 @@
-"""The harness shared by ``run.py`` and ``discovery.py``: what is not a measurement.
+"""The harness shared by the benchmark scripts (``run.py``, ``discovery.py``, ``etcd.py``, ...):
+what is not a measurement.
 
-Both scripts run every framework/backend pair in a fresh child process (the script re-invoked),
+The scripts run every framework/backend pair in a fresh child process (the script re-invoked),
 interleave ``--repeat`` rounds over the whole plan, report the median of each figure, print rich
 tables with an ``anywool ÷ wool`` ratio per backend and a line about the machine, and can write
 everything as JSON. The measurements themselves, the command line and the table rows stay in the
@@ -356,9 +357,11 @@ def columns(runs: Mapping[str, Any], backends: list[str]) -> tuple[list[str], li
 
 
 def comparison_table(
-    title: str, keys: list[str], ratio_keys: list[str], leading: Iterable[str] = ("measure",)
+    title: str, keys: list[str], ratio_keys: list[str], leading: Iterable[str] = ("measure",),
+    versus: str = "wool",
 ) -> Any:
-    """A table with the ``leading`` columns, one per run and one ``<backend>÷wool`` per ratio."""
+    """A table with the ``leading`` columns, one per run and one ``<backend>÷<versus>`` per
+    ratio."""
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
@@ -367,7 +370,7 @@ def comparison_table(
     for key in keys:
         table.add_column(key.replace("-", " "), justify="right", no_wrap=True)
     for key in ratio_keys:
-        table.add_column(f"{key.split('-')[1]}÷wool", justify="right", no_wrap=True)
+        table.add_column(f"{key.split('-')[1]}÷{versus}", justify="right", no_wrap=True)
     return table
 
 

@@ -66,6 +66,10 @@ def _now_ns() -> int:
 
 class _Anywool:
     name = "anywool"
+    #: The script that builds this API again as ``--helper NAME`` (with ``helper_args``) in
+    #: the propagation helper (benchmarks/etcd.py brings an API of its own).
+    script = str(Path(__file__).resolve())
+    helper_args: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         import anywool
@@ -88,6 +92,8 @@ class _Anywool:
 
 class _Wool:
     name = "wool"
+    script = str(Path(__file__).resolve())
+    helper_args: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         from types import MappingProxyType
@@ -180,8 +186,8 @@ async def _propagation(
     namespace = _namespace("propagation")
     uid = uuid4()
     command = [
-        sys.executable, str(Path(__file__).resolve()),
-        "--helper", api.name, "--backend", backend, "--namespace", namespace,
+        sys.executable, api.script, "--helper", api.name, *api.helper_args,
+        "--backend", backend, "--namespace", namespace,
         "--consumers", str(consumers), "--samples", str(samples), "--idle", str(idle),
     ]
     async with api.owner(namespace) as discovery, discovery.publisher as publisher:
@@ -359,10 +365,9 @@ def _thread_cpu_s(native_id: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _helper_main(args: argparse.Namespace) -> None:
+async def _helper_main(args: argparse.Namespace, api: Any) -> None:
     import anyio
 
-    api = _api(args.helper)
     consumers = args.consumers
     total = PROPAGATION_WARMUP + args.samples
     arrivals: dict[int, dict[int, int]] = {}
@@ -440,10 +445,11 @@ async def _helper_main(args: argparse.Namespace) -> None:
     say(json.dumps(result))
 
 
-def _helper(args: argparse.Namespace) -> int:
+def _helper(args: argparse.Namespace, api: Any = None) -> int:
+    """Run the propagation helper with ``api`` (default: the one ``--helper`` names here)."""
     import anyio
 
-    anyio.run(_helper_main, args, backend=args.backend)
+    anyio.run(_helper_main, args, api or _api(args.helper), backend=args.backend)
     return 0
 
 
