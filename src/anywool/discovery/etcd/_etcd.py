@@ -169,8 +169,9 @@ class EtcdDiscovery(Discovery, SingleUse):
     :param password: its password; ``None``: ``$ANYWOOL_ETCD_PASSWORD`` when it is used. A
         password never goes into a pickle.
     :param connect_timeout: seconds a connection to a member may take.
-    :param request_timeout: seconds a request to one member may take before the next member
-        is tried.
+    :param request_timeout: seconds a request may take; with several endpoints each member tried
+        gets an equal share before the next one is (a member that died with the request never
+        answers).
     :param teardown_timeout: seconds (>= 0) the exit may spend on requests; past that it gives
         up on them (logged) and the claim lapses with its lease.
     :param filter: what :attr:`subscriber` keeps (as for ``LocalDiscovery``).

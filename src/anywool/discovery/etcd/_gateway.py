@@ -149,7 +149,9 @@ class Gateway:
                    endpoint: str | None = None) -> dict[str, Any]:
         """``POST path`` with ``body``; the decoded answer.
 
-        :param timeout: seconds for each member tried (default: the request timeout).
+        :param timeout: seconds the call may take (default: the request timeout), shared
+            equally by the members tried in a round; rounds are repeated only for members that
+            answered that they cannot serve now, while the budget lasts.
         :param endpoint: this member only (no failover), e.g. to ping the member a watch
             reads from.
         :raises DiscoveryServiceError: a member answered with an error.
@@ -168,9 +170,13 @@ class Gateway:
             order = [endpoint] if endpoint is not None else \
                 [endpoints[(self._current + i) % len(endpoints)] for i in range(len(endpoints))]
             transient = False
+            # Each member gets its share of the budget: a member that took the request and
+            # died (a leader killed mid-request) never answers, and the next one must still
+            # have time.
+            share = budget / len(order)
             for url in order:
                 try:
-                    return await self._call_one(url, path, body, budget)
+                    return await self._call_one(url, path, body, share)
                 except (httpx.TransportError, TimeoutError, _Transient) as exc:
                     failures.append(f"{url}: {describe(exc)}")
                     transient = transient or isinstance(exc, _Transient)
