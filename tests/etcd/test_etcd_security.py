@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 
 import anyio
+import anyio.abc
 import pytest
 
 from anywool import EtcdDiscovery, MutualTLS
@@ -75,3 +76,35 @@ async def test_mutual_tls_and_a_password_together(etcd_tls: EtcdTLSServer) -> No
         await round_trip(EtcdDiscovery(f"ns-{uuid.uuid4().hex}", endpoints=etcd_tls.url,
                                        tls=etcd_tls.ssl_context(), username="app",
                                        password="app-password"))
+
+
+async def test_a_cancelled_tls_handshake_leaves_no_socket_behind(etcd_tls: EtcdTLSServer) -> None:
+    # A listener that accepts and never answers: the client's handshake waits until cancelled.
+    import gc
+    import warnings
+
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener:
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)  # type: ignore[attr-defined]
+        accepted: list[anyio.abc.SocketStream] = []
+
+        async def hold(stream: anyio.abc.SocketStream) -> None:
+            accepted.append(stream)
+            await anyio.sleep_forever()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, hold)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                started = anyio.current_time()
+                with anyio.move_on_after(0.3):
+                    async with EtcdDiscovery(f"ns-{uuid.uuid4().hex}",
+                                             endpoints=f"https://127.0.0.1:{port}",
+                                             tls=etcd_tls.ssl_context()):
+                        pytest.fail("claimed through a server that never answered")
+                assert anyio.current_time() - started < 1.0  # cancelled promptly
+                gc.collect()
+            assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
+            assert accepted  # the handshake had started
+            for stream in accepted:
+                await stream.aclose()
+            tg.cancel_scope.cancel()

@@ -30,6 +30,7 @@ import anyio
 import httpx
 
 from anywool.discovery.etcd._config import Config
+from anywool.discovery.etcd._transport import Transport
 from anywool.errors import DiscoveryServiceError, DiscoveryUnavailable
 
 log = logging.getLogger(__name__)
@@ -98,13 +99,13 @@ class Gateway:
 
     def _make_client(self, read: float | None) -> httpx.AsyncClient:
         config = self.config
+        limits = httpx.Limits(max_connections=32, max_keepalive_connections=8)
         return httpx.AsyncClient(
-            verify=config.ssl_context(),
+            transport=Transport(config.ssl_context(), limits),
             timeout=httpx.Timeout(config.request_timeout, connect=config.connect_timeout,
                                   read=read),
             # Never a proxy from the environment: members are addressed directly.
             trust_env=False,
-            limits=httpx.Limits(max_connections=32, max_keepalive_connections=8),
         )
 
     @property
