@@ -75,3 +75,20 @@ async def test_a_subscription_leaves_a_frozen_member(etcd_cluster3: EtcdCluster,
     leader = await leader_of(etcd_cluster3)
     follower = next(m for m in etcd_cluster3.members if m is not leader)
     await _through(etcd_cluster3, follower, "freeze", etcd_prefix)
+
+
+async def test_a_frozen_member_costs_a_request_its_share_of_the_budget_only(
+        etcd_cluster3: EtcdCluster, etcd_prefix: str) -> None:
+    leader = await leader_of(etcd_cluster3)
+    frozen = next(m for m in etcd_cluster3.members if m is not leader)
+    frozen.freeze()
+    budget = 1.5  # three members: 0.5 s each
+    started = anyio.current_time()
+    with anyio.fail_after(10):
+        async with EtcdDiscovery(f"ns-{uuid.uuid4().hex[:12]}",
+                                 endpoints=ordered(etcd_cluster3, frozen), prefix=etcd_prefix,
+                                 lease_ttl=TTL, request_timeout=budget) as owner:
+            claimed = anyio.current_time() - started
+            assert owner.claimed
+    # The frozen member had its share (0.5 s), then the next answered: nowhere near the budget.
+    assert claimed < budget / 3 + 0.7
