@@ -147,7 +147,7 @@ class Config:
         return self
 
     def ssl_context(self) -> ssl.SSLContext | bool:
-        """What httpx verifies the members with: ``False`` for ``http://`` endpoints (no TLS:
+        """What the members are verified with: ``False`` for ``http://`` endpoints (no TLS:
         and making a context costs tens of milliseconds), the given context, one made from a
         :class:`~anywool.MutualTLS` (its CA bundle only, and our certificate), else the
         system's CAs. Made contexts are cached per process (per file versions)."""

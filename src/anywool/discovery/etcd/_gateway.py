@@ -1,9 +1,9 @@
-"""An etcd cluster reached over its v3 JSON gateway with httpx, on whichever event loop runs it.
+"""An etcd cluster reached over its v3 JSON gateway, on whichever event loop runs it.
 
 :class:`Gateway` makes the unary calls (``POST /v3/...`` with a JSON body; bytes are base64 and
-int64 fields decimal strings, see the etcd notes in DESIGN §6) and opens watch streams. It
-holds one ``httpx.AsyncClient`` for unary calls and, when asked for streams, a second one:
-an open watch pins a pooled HTTP/1.1 connection, and unary calls must never queue behind it.
+int64 fields decimal strings, see the etcd notes in DESIGN §6) on kept-alive connections
+(:mod:`._http`), and opens watch streams, each on a connection of its own: an open watch holds
+its connection, and unary calls must never queue behind it.
 
 Failover is the client's job (the gateway has no balancer): a call goes to the member that
 answered last; a transport failure or a timeout moves it to the next endpoint, until every
@@ -14,7 +14,7 @@ answers with an error is not failed over (every member would say the same):
 Password authentication: a token from ``/v3/auth/authenticate``, sent raw in
 ``Authorization`` (etcd refuses ``Bearer``); a token that expired (HTTP 401) is renewed once.
 
-A gateway belongs to the event loop that first uses it (httpx's connections do); every owner,
+A gateway belongs to the event loop that first uses it (its connections do); every owner,
 publisher, lease thread and shared source makes its own.
 """
 
@@ -27,10 +27,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-import httpx
 
 from anywool.discovery.etcd._config import Config
-from anywool.discovery.etcd._transport import Transport
+from anywool.discovery.etcd._http import Connection, Pool, TransportError
 from anywool.errors import DiscoveryServiceError, DiscoveryUnavailable
 
 log = logging.getLogger(__name__)
@@ -60,13 +59,13 @@ def describe(exc: BaseException) -> str:
     return text
 
 
-def refusal(endpoint: str, response: httpx.Response) -> DiscoveryServiceError:
+def refusal(endpoint: str, status: int, data: bytes) -> DiscoveryServiceError:
     """The error a member answered with (JSON ``{"error", "code", "message"}``, or plain text:
     the gateway answers some refusals in text)."""
     code: int | None = None
-    message = response.text[:300].strip()
+    message = data[:300].decode("utf-8", "replace").strip()
     try:
-        body = response.json()
+        body = json.loads(data)
     except ValueError:
         body = None
     if isinstance(body, dict):
@@ -75,7 +74,7 @@ def refusal(endpoint: str, response: httpx.Response) -> DiscoveryServiceError:
         text = body.get("message") or body.get("error")  # pyright: ignore[reportUnknownMemberType]
         if isinstance(text, str):
             message = text
-    return DiscoveryServiceError(endpoint, code, f"HTTP {response.status_code}: {message}")
+    return DiscoveryServiceError(endpoint, code, f"HTTP {status}: {message}")
 
 
 class Gateway:
@@ -85,8 +84,9 @@ class Gateway:
         self.config = config
         self._current = 0
         self._token: str | None = None
-        self._client: httpx.AsyncClient | None = None
-        self._stream_client: httpx.AsyncClient | None = None
+        context = config.ssl_context()
+        self._ssl_context = context if not isinstance(context, bool) else None
+        self._pool = Pool(self._ssl_context)
 
     @property
     def endpoint(self) -> str:
@@ -97,51 +97,34 @@ class Gateway:
         """Move to the next endpoint (after the current one failed)."""
         self._current = (self._current + 1) % len(self.config.endpoints)
 
-    def _make_client(self, read: float | None) -> httpx.AsyncClient:
-        config = self.config
-        limits = httpx.Limits(max_connections=32, max_keepalive_connections=8)
-        return httpx.AsyncClient(
-            transport=Transport(config.ssl_context(), limits),
-            timeout=httpx.Timeout(config.request_timeout, connect=config.connect_timeout,
-                                  read=read),
-            # Never a proxy from the environment: members are addressed directly.
-            trust_env=False,
-        )
-
-    @property
-    def client(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = self._make_client(self.config.request_timeout)
-        return self._client
-
     async def aclose(self) -> None:
-        """Close both clients (shielded: closing a connection never waits on a member)."""
-        clients = [c for c in (self._client, self._stream_client) if c is not None]
-        self._client = self._stream_client = None
-        with anyio.CancelScope(shield=True):
-            for client in clients:
-                await client.aclose()
+        """Close every connection (shielded: closing never waits on a member)."""
+        await self._pool.aclose()
 
     def _headers(self) -> dict[str, str]:
         return {} if self._token is None else {"Authorization": self._token}
 
     async def _post(self, endpoint: str, path: str, body: dict[str, Any],
-                    timeout: float) -> httpx.Response:
-        """One request to one member, bounded by ``timeout`` seconds in all."""
+                    timeout: float) -> tuple[int, bytes]:
+        """One request to one member, bounded by ``timeout`` seconds in all (its connection
+        by ``connect_timeout`` too)."""
         with anyio.fail_after(timeout):
-            return await self.client.post(endpoint + path, content=json.dumps(body),
-                                          headers=self._headers())
+            return await self._pool.request(endpoint, path, json.dumps(body).encode(),
+                                            self._headers())
 
     async def _authenticate(self, endpoint: str, timeout: float) -> None:
         config = self.config.with_env_password()
         if config.username is None:
             return
-        response = await self._post(endpoint, "/v3/auth/authenticate",
-                                    {"name": config.username, "password": config.password or ""},
-                                    timeout)
-        if response.status_code != 200:
-            raise refusal(endpoint, response)
-        token = response.json().get("token")
+        status, data = await self._post(endpoint, "/v3/auth/authenticate",
+                                        {"name": config.username,
+                                         "password": config.password or ""}, timeout)
+        if status != 200:
+            raise refusal(endpoint, status, data)
+        try:
+            token = json.loads(data).get("token")
+        except (ValueError, AttributeError):
+            token = None
         if not isinstance(token, str):
             raise DiscoveryServiceError(endpoint, None, "authentication answered no token")
         self._token = token
@@ -178,7 +161,7 @@ class Gateway:
             for url in order:
                 try:
                     return await self._call_one(url, path, body, share)
-                except (httpx.TransportError, TimeoutError, _Transient) as exc:
+                except (TransportError, TimeoutError, _Transient) as exc:
                     failures.append(f"{url}: {describe(exc)}")
                     transient = transient or isinstance(exc, _Transient)
                     if endpoint is None:
@@ -192,20 +175,20 @@ class Gateway:
                         budget: float) -> dict[str, Any]:
         if self._token is None and self.config.username is not None:
             await self._authenticate(url, budget)
-        response = await self._post(url, path, body, budget)
-        if response.status_code == 401 and self.config.username is not None:
+        status, data = await self._post(url, path, body, budget)
+        if status == 401 and self.config.username is not None:
             await self._authenticate(url, budget)  # the token expired: once more
-            response = await self._post(url, path, body, budget)
-        if response.status_code != 200:
-            error = refusal(url, response)
-            if error.code in TRANSIENT or response.status_code == 503:
+            status, data = await self._post(url, path, body, budget)
+        if status != 200:
+            error = refusal(url, status, data)
+            if error.code in TRANSIENT or status == 503:
                 raise _Transient(error.message)
             raise error
         try:
-            answer = response.json()
+            answer = json.loads(data)
         except ValueError:
             raise DiscoveryServiceError(url, None, "answered something that is not JSON: "
-                                        f"{response.text[:200]!r}") from None
+                                        f"{data[:200]!r}") from None
         if not isinstance(answer, dict):
             raise DiscoveryServiceError(url, None, f"answered {answer!r}")
         return answer  # pyright: ignore[reportUnknownVariableType]
@@ -213,36 +196,41 @@ class Gateway:
     @asynccontextmanager
     async def stream(self, path: str, body: dict[str, Any],
                      endpoint: str) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
-        """A streaming ``POST`` to one member: its answer as decoded JSON lines. Its liveness is
-        the caller's business (a silent member sends nothing; there is no read timeout).
+        """A streaming ``POST`` to one member, on a connection of its own: its answer as
+        decoded JSON lines. Its liveness is the caller's business (a silent member sends
+        nothing; there is no read timeout once the stream is open).
 
         :raises DiscoveryServiceError: the member refused the stream.
-        :raises httpx.TransportError: the connection failed.
+        :raises TransportError: the connection failed.
+        :raises TimeoutError: opening the stream took longer than the request timeout.
         """
-        if self._stream_client is None:
-            self._stream_client = self._make_client(None)
         if self._token is None and self.config.username is not None:
             await self._authenticate(endpoint, self.config.request_timeout)
-        with anyio.fail_after(self.config.request_timeout):
-            request = self._stream_client.build_request(
-                "POST", endpoint + path, content=json.dumps(body), headers=self._headers())
-            response = await self._stream_client.send(request, stream=True)
+        connection: Connection | None = None
         try:
-            if response.status_code != 200:
-                await response.aread()
-                if response.status_code == 401:
+            with anyio.fail_after(self.config.request_timeout):
+                connection = await Connection.open(endpoint, self._ssl_context)
+                status, pieces = await connection.start_stream(
+                    path, json.dumps(body).encode(), self._headers())
+            if status != 200:
+                data = b"".join([piece async for piece in pieces])
+                if status == 401:
                     self._token = None  # renewed on the next attempt
-                raise refusal(endpoint, response)
+                raise refusal(endpoint, status, data)
 
             async def lines() -> AsyncIterator[dict[str, Any]]:
-                async for line in response.aiter_lines():
-                    if line.strip():
-                        yield json.loads(line)
+                pending = b""
+                async for piece in pieces:
+                    pending += piece
+                    *complete, pending = pending.split(b"\n")
+                    for line in complete:
+                        if line.strip():
+                            yield json.loads(line)
 
             yield lines()
         finally:
-            with anyio.CancelScope(shield=True):
-                await response.aclose()
+            if connection is not None:
+                await connection.aclose()
 
 
 def header_revision(answer: dict[str, Any]) -> int:

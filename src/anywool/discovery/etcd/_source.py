@@ -31,12 +31,12 @@ from typing import Any
 from uuid import UUID
 
 import anyio
-import httpx
 
 from anywool.discovery import _hub, _view
 from anywool.discovery._protocols import DiscoveryEvent
 from anywool.discovery.etcd._config import Config
 from anywool.discovery.etcd._gateway import Gateway, describe, header_revision
+from anywool.discovery.etcd._http import TransportError
 from anywool.discovery.etcd._keys import Keys, b64, unb64
 from anywool.errors import DiscoveryNamespaceNotFound, DiscoveryServiceError, DiscoveryUnavailable
 from anywool.metadata import WorkerMetadata
@@ -226,7 +226,7 @@ class EtcdSource(_hub._Source):
                 if exc.code in (7, 16):  # permission denied, unauthenticated: for good
                     raise
                 reason = describe(exc)
-            except (httpx.HTTPError, DiscoveryUnavailable, _Silent, TimeoutError,
+            except (TransportError, DiscoveryUnavailable, _Silent, TimeoutError,
                     ValueError) as exc:
                 reason = describe(exc)
             if reason != last_failure:
@@ -288,7 +288,7 @@ class EtcdSource(_hub._Source):
                         if changes:
                             self._deliver(self._apply(changes))
                         self.revision = max(self.revision, revision)
-            except (httpx.HTTPError, DiscoveryServiceError, DiscoveryUnavailable, TimeoutError,
+            except (TransportError, DiscoveryServiceError, DiscoveryUnavailable, TimeoutError,
                     ValueError) as exc:
                 failure = exc
             tg.cancel_scope.cancel()
