@@ -117,11 +117,19 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="etcd-cancelled-handshake-leaks",
-        path="src/anywool/discovery/etcd/_gateway.py",
-        old="transport=Transport(config.ssl_context(), limits),",
-        new="verify=config.ssl_context(), limits=limits,",
+        path="src/anywool/discovery/etcd/_http.py",
+        old="                with anyio.CancelScope(shield=True):\n                    await tcp.aclose()",
+        new="                pass",
         tests=(f"{S}::test_a_cancelled_tls_handshake_leaves_no_socket_behind",),
         why="no socket is left to the garbage collector",
+    ),
+    Mutation(
+        name="etcd-connection-reused-after-a-cancelled-request",
+        path="src/anywool/discovery/etcd/_http.py",
+        old="        except BaseException:\n            await self.aclose()\n            raise\n        if self._h11",
+        new="        except BaseException:\n            raise\n        if self._h11",
+        tests=(f"{D}::test_a_cancelled_publish_leaves_the_publisher_usable",),
+        why="a connection whose request did not complete is never reused",
     ),
     Mutation(
         name="etcd-borrowers-of-nothing-proceed",

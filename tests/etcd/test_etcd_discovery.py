@@ -551,3 +551,22 @@ async def test_a_pool_publishes_tcp_workers_another_pool_dispatches_to(
             assert len(pids) == 2 and os.getpid() not in pids
             assert owning is not None
     assert await keys_under(url, etcd_prefix) == []
+
+
+async def test_a_cancelled_publish_leaves_the_publisher_usable(
+        etcd: EtcdMember, etcd_prefix: str, namespace: str) -> None:
+    # Cancelled at every point of its request in turn: the connection it used must not carry
+    # the next request (it would read the cancelled one's answer).
+    url = etcd.url
+    async with owner_of(url, namespace, etcd_prefix) as owner, owner.publisher as publisher:
+        metadata = worker("10.0.0.1:1")
+        for step in range(40):
+            with anyio.move_on_after(step * 0.0002):
+                await publisher.publish("worker-added", metadata)
+            changed = worker(f"10.0.{step}.2:1", uid=metadata.uid)
+            await publisher.publish("worker-added", changed)
+            async with gateway_to(url) as gateway:
+                answer = await gateway.call("/v3/kv/range", {"key": b64(
+                    Keys(etcd_prefix, namespace).worker(metadata.uid))})
+            assert anywool.WorkerMetadata.from_bytes(
+                __import__("base64").b64decode(answer["kvs"][0]["value"])).same_as(changed)

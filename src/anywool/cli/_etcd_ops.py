@@ -13,7 +13,7 @@ of every namespace under the prefix, then the owners' records read at that range
 (one transaction per 64 owners): a consistent picture of one revision. ``show`` is one range of
 the namespace's keys.
 
-Nothing here imports httpx or the etcd backend until a command uses etcd: ``anywool ls`` on this
+Nothing here imports the etcd backend (or h11) until a command uses etcd: ``anywool ls`` on this
 host, or ``anywool worker --discovery local``, does not pay for them.
 """
 
@@ -50,7 +50,7 @@ __all__ = [
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 #: Where ``anywool worker --discovery etcd`` looks without ``--etcd`` (the library's default;
-#: a test pins that they agree, as importing it here would import httpx).
+#: a test pins that they agree, as importing it here would import the backend).
 DEFAULT_ENDPOINT = "http://127.0.0.1:2379"
 
 #: The options every command that reaches etcd takes, by parameter name (for usage errors).
