@@ -570,3 +570,25 @@ async def test_a_cancelled_publish_leaves_the_publisher_usable(
                     Keys(etcd_prefix, namespace).worker(metadata.uid))})
             assert anywool.WorkerMetadata.from_bytes(
                 __import__("base64").b64decode(answer["kvs"][0]["value"])).same_as(changed)
+
+
+async def test_a_pool_exit_keeps_its_announce_budget_when_etcd_is_frozen(
+        etcd_private: EtcdMember, namespace: str) -> None:
+    secret, budget = b"s" * 32, 1.0
+    # Requests may wait far longer than the budget: the pool's announce_timeout bounds the
+    # drop announcements and the publisher's and owner's exits together.
+    discovery = EtcdDiscovery(namespace, endpoints=etcd_private.url, lease_ttl=TTL,
+                              request_timeout=30.0, teardown_timeout=30.0)
+    started = 0.0
+    try:
+        with anyio.fail_after(budget + 20):
+            async with anywool.WorkerPool(spawn=1, discovery=discovery, host="127.0.0.1",
+                                          secret=secret, announce_timeout=budget):
+                assert await where_am_i() != os.getpid()
+                etcd_private.freeze()
+                started = time.monotonic()
+            elapsed = time.monotonic() - started
+    finally:
+        etcd_private.thaw()
+    # The budget, plus stopping one idle worker (well under a second).
+    assert elapsed <= budget + 1.5, elapsed

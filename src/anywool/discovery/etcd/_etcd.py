@@ -360,21 +360,21 @@ class EtcdDiscovery(Discovery, SingleUse):
         """Delete every key of the namespace (fenced by the generation: a displaced owner
         deletes nothing of a successor's) and revoke the lease.
 
-        Shielded and bounded: at most ``teardown_timeout`` seconds of requests (then logged;
-        the claim lapses with its lease), plus the lease thread's end (milliseconds). Never
-        raises an ``Exception``. Cancellation: an enclosing cancellation waits for the exit,
-        then propagates.
+        Bounded: at most ``teardown_timeout`` seconds of requests (then logged; the claim
+        lapses with its lease), plus the lease thread's end (milliseconds). Never raises an
+        ``Exception``. Cancellation: an enclosing cancel scope or deadline cuts the requests
+        short (the claim then lapses with its lease, within ``lease_ttl`` + 0.5 s); the lease
+        thread is still stopped and the connections closed, then the cancellation propagates.
         """
         gateway, keeper, generation = self._gateway, self._keeper, self._generation
         self._gateway = None
         self._generation = None
         if gateway is None:
             return None
-        with anyio.CancelScope(shield=True):
-            if keeper is not None:
-                keeper.stop()
-            done = False
-            with anyio.move_on_after(self._teardown_timeout):
+        if keeper is not None:
+            keeper.stop()
+        try:
+            with anyio.move_on_after(self._teardown_timeout) as budget:
                 try:
                     if generation is not None:
                         await gateway.call("/v3/kv/txn", _fenced(self._keys, generation, [
@@ -382,19 +382,19 @@ class EtcdDiscovery(Discovery, SingleUse):
                                                       "range_end": b64(self._keys.workers_end)}},
                             {"request_delete_range": {"key": b64(self._keys.owner)}}]))
                     await _revoke(gateway, self._lease)
-                    done = True
                 except DiscoveryError as exc:
                     log.warning("releasing discovery namespace %r failed (its claim lapses "
                                 "within %d s): %s", self._namespace, self._lease_ttl,
                                 describe(exc))
-                    done = True
-            if not done:
+            if budget.cancelled_caught:
                 log.warning("releasing discovery namespace %r took longer than %.1f s; given "
                             "up (its claim lapses within %d s)", self._namespace,
                             self._teardown_timeout, self._lease_ttl)
-            if keeper is not None:
-                await anyio.to_thread.run_sync(keeper.join, _JOIN_TIMEOUT)
-            await gateway.aclose()
+        finally:
+            with anyio.CancelScope(shield=True):
+                if keeper is not None:
+                    await anyio.to_thread.run_sync(keeper.join, _JOIN_TIMEOUT)
+                await gateway.aclose()
         return None
 
     def __repr__(self) -> str:
@@ -506,34 +506,36 @@ class EtcdDiscovery(Discovery, SingleUse):
                             exc: BaseException | None, tb: TracebackType | None) -> bool | None:
             """Withdraw every worker this publisher announced (one lease revocation).
 
-            Shielded and bounded by ``teardown_timeout`` seconds of requests (past that,
-            logged: the workers leave every view when the lease lapses, within ``lease_ttl +
-            0.5`` s). Never raises an ``Exception``. Cancellation: an enclosing cancellation
-            waits for the exit, then propagates.
+            Bounded by ``teardown_timeout`` seconds of requests (past that, logged: the workers
+            leave every view when the lease lapses, within ``lease_ttl + 0.5`` s). Never raises
+            an ``Exception``. Cancellation: an enclosing cancel scope or deadline cuts the
+            revocation short (the workers then leave as the lease lapses); the lease thread is
+            still stopped and the connections closed, then the cancellation propagates.
             """
             self._released = True
             gateway, keeper = self._gateway, self._keeper
             self._gateway = None
             if gateway is None:
                 return None
-            with anyio.CancelScope(shield=True):
-                assert keeper is not None
-                keeper.stop()
-                await anyio.to_thread.run_sync(keeper.join, _JOIN_TIMEOUT)
-                done = False
-                with anyio.move_on_after(self.teardown_timeout):
+            assert keeper is not None
+            keeper.stop()
+            try:
+                with anyio.CancelScope(shield=True):
+                    # Stops within milliseconds; its lease is final once it has.
+                    await anyio.to_thread.run_sync(keeper.join, _JOIN_TIMEOUT)
+                with anyio.move_on_after(self.teardown_timeout) as budget:
                     try:
                         await _revoke(gateway, keeper.lease)
                     except DiscoveryError as exc:
                         log.warning("withdrawing the workers of a publisher of %r failed "
                                     "(they leave when its lease lapses, within %d s): %s",
                                     self.namespace, keeper.ttl, describe(exc))
-                    done = True
-                if not done:
+                if budget.cancelled_caught:
                     log.warning("withdrawing the workers of a publisher of %r took longer "
                                 "than %.1f s; given up (they leave when its lease lapses, "
                                 "within %d s)", self.namespace, self.teardown_timeout,
                                 keeper.ttl)
+            finally:
                 await gateway.aclose()
             return None
 
