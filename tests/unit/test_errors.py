@@ -12,14 +12,27 @@ from anywool.errors import (
     DiscoveryNamespaceInUse,
     DiscoveryNamespaceNotFound,
     DiscoveryRegistryCorrupt,
+    DiscoveryServiceError,
+    DiscoveryUnavailable,
     DiscoveryWorkerNotFound,
     NoWorkersAvailable,
 )
 
 CASES = [
-    (DiscoveryNamespaceInUse, ("jobs", "/dev/shm/anywool-0/ns-abc", 4242), ("namespace", "path", "owner_pid")),
-    (DiscoveryNamespaceInUse, ("jobs", "/x/ns-abc", None), ("namespace", "path", "owner_pid")),
-    (DiscoveryNamespaceNotFound, ("jobs",), ("namespace",)),
+    (DiscoveryNamespaceInUse, ("jobs", "/dev/shm/anywool-0/ns-abc", 4242, "LocalDiscovery"),
+     ("namespace", "path", "owner_pid", "kind")),
+    (DiscoveryNamespaceInUse, ("jobs", "/x/ns-abc", None, "LocalDiscovery"),
+     ("namespace", "path", "owner_pid", "kind")),
+    (DiscoveryNamespaceInUse, ("jobs", "etcd key /anywool/ns/ab/owner", 7, "EtcdDiscovery"),
+     ("namespace", "path", "owner_pid", "kind")),
+    (DiscoveryNamespaceNotFound, ("jobs", "LocalDiscovery"), ("namespace", "kind")),
+    (DiscoveryNamespaceNotFound, ("jobs", "EtcdDiscovery"), ("namespace", "kind")),
+    (DiscoveryServiceError, ("http://etcd:2379", 7, "permission denied"),
+     ("endpoint", "code", "message")),
+    (DiscoveryServiceError, ("http://etcd:2379", None, "HTTP 400: not JSON"),
+     ("endpoint", "code", "message")),
+    (DiscoveryUnavailable, (("http://a:1", "http://b:2"), "ConnectError"),
+     ("endpoints", "reason")),
     (DiscoveryRegistryCorrupt, ("jobs", "/x/ns-abc/registry", "truncated"),
      ("namespace", "path", "reason")),
     (DiscoveryCapacityExhausted, (128,), ("capacity",)),
@@ -52,7 +65,8 @@ def test_error_fields_survive_round_trip(cls, args, names, roundtrip):
 def test_errors_are_wool_errors_with_fields_in_message(cls, args, names):
     error = cls(*args)
     assert isinstance(error, anywool.WoolError)
-    assert str(args[0]) in str(error)
+    first = args[0] if isinstance(args[0], tuple) else (args[0],)
+    assert all(str(part) in str(error) for part in first)
 
 
 def test_namespace_in_use_says_when_the_owner_is_dead():
