@@ -140,6 +140,14 @@ MUTATIONS: list[Mutation] = [
         why="a connection whose request did not complete is never reused",
     ),
     Mutation(
+        name="etcd-handshake-not-bounded-by-connect-timeout",
+        path="src/anywool/discovery/etcd/_http.py",
+        old="                with anyio.fail_after(connect_timeout):\n                    stream = await TLSStream.wrap(",
+        new="                with anyio.fail_after(3600):\n                    stream = await TLSStream.wrap(",
+        tests=(f"{S}::test_a_member_that_never_finishes_the_handshake_costs_connect_timeout",),
+        why="connect_timeout bounds making a connection, TLS included",
+    ),
+    Mutation(
         name="etcd-borrowers-of-nothing-proceed",
         path="src/anywool/discovery/etcd/_etcd.py",
         old="    if not kvs:\n        raise DiscoveryNamespaceNotFound(namespace, _KIND)",

@@ -108,3 +108,31 @@ async def test_a_cancelled_tls_handshake_leaves_no_socket_behind(etcd_tls: EtcdT
             for stream in accepted:
                 await stream.aclose()
             tg.cancel_scope.cancel()
+
+
+async def test_a_member_that_never_finishes_the_handshake_costs_connect_timeout(
+        etcd_tls: EtcdTLSServer) -> None:
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener:
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)  # type: ignore[attr-defined]
+        accepted: list[anyio.abc.SocketStream] = []
+
+        async def hold(stream: anyio.abc.SocketStream) -> None:
+            accepted.append(stream)
+            await anyio.sleep_forever()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, hold)
+            started = anyio.current_time()
+            with anyio.fail_after(10):
+                with pytest.raises(DiscoveryUnavailable) as caught:
+                    async with EtcdDiscovery(f"ns-{uuid.uuid4().hex}",
+                                             endpoints=f"https://127.0.0.1:{port}",
+                                             tls=etcd_tls.ssl_context(), connect_timeout=0.3,
+                                             request_timeout=8.0):
+                        pass
+            # connect_timeout, not the request budget, bounds a connection being made.
+            assert anyio.current_time() - started < 0.3 + 1.0
+            assert "TimeoutError" in str(caught.value)
+            for stream in accepted:
+                await stream.aclose()
+            tg.cancel_scope.cancel()

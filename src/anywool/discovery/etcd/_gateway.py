@@ -86,7 +86,7 @@ class Gateway:
         self._token: str | None = None
         context = config.ssl_context()
         self._ssl_context = context if not isinstance(context, bool) else None
-        self._pool = Pool(self._ssl_context)
+        self._pool = Pool(self._ssl_context, config.connect_timeout)
 
     @property
     def endpoint(self) -> str:
@@ -209,7 +209,8 @@ class Gateway:
         connection: Connection | None = None
         try:
             with anyio.fail_after(self.config.request_timeout):
-                connection = await Connection.open(endpoint, self._ssl_context)
+                connection = await Connection.open(endpoint, self._ssl_context,
+                                                   self.config.connect_timeout)
                 status, pieces = await connection.start_stream(
                     path, json.dumps(body).encode(), self._headers())
             if status != 200:

@@ -70,27 +70,31 @@ class Connection:
         self.answered = False
 
     @classmethod
-    async def open(cls, url: str, ssl_context: ssl.SSLContext | None) -> Connection:
+    async def open(cls, url: str, ssl_context: ssl.SSLContext | None,
+                   connect_timeout: float) -> Connection:
         """Connect to ``url``'s host and port (TLS for ``https``).
 
-        :raises ConnectError: the connection or the handshake failed.
+        :raises ConnectError: the connection or the handshake failed, or took longer than
+            ``connect_timeout`` seconds.
         """
         parts = urlsplit(url)
         host, port = parts.hostname or "", parts.port or 0
         try:
-            tcp = await anyio.connect_tcp(host, port)
-        except _FAILURES as exc:
+            with anyio.fail_after(connect_timeout):
+                tcp = await anyio.connect_tcp(host, port)
+        except (*_FAILURES, TimeoutError) as exc:
             raise ConnectError(_reason(exc)) from exc
         stream: anyio.abc.ByteStream = tcp
         if parts.scheme == "https":
             try:
-                stream = await TLSStream.wrap(tcp, ssl_context=ssl_context or
-                                              ssl.create_default_context(), hostname=host,
-                                              standard_compatible=False)
+                with anyio.fail_after(connect_timeout):
+                    stream = await TLSStream.wrap(tcp, ssl_context=ssl_context or
+                                                  ssl.create_default_context(), hostname=host,
+                                                  standard_compatible=False)
             except BaseException as exc:
                 with anyio.CancelScope(shield=True):
                     await tcp.aclose()
-                if isinstance(exc, _FAILURES):
+                if isinstance(exc, (*_FAILURES, TimeoutError)):
                     raise ConnectError(_reason(exc)) from exc
                 raise
         return cls(stream, parts.netloc)
@@ -199,8 +203,9 @@ class Connection:
 class Pool:
     """Kept-alive connections to the members of one cluster, for one event loop."""
 
-    def __init__(self, ssl_context: ssl.SSLContext | None) -> None:
+    def __init__(self, ssl_context: ssl.SSLContext | None, connect_timeout: float) -> None:
         self._ssl_context = ssl_context
+        self._connect_timeout = connect_timeout
         self._idle: dict[str, list[Connection]] = {}
         self._closed = False
 
@@ -224,7 +229,7 @@ class Pool:
                 break
             await self._keep(url, connection)
             return answer
-        connection = await Connection.open(url, self._ssl_context)
+        connection = await Connection.open(url, self._ssl_context, self._connect_timeout)
         answer = await connection.request(path, body, headers)
         await self._keep(url, connection)
         return answer
