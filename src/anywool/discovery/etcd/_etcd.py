@@ -17,6 +17,7 @@ Leases: :mod:`._lease`.
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,7 @@ from anywool.errors import (
     DiscoveryNamespaceInUse,
     DiscoveryNamespaceNotFound,
     DiscoveryServiceError,
+    DiscoveryUnavailable,
     DiscoveryWorkerNotFound,
 )
 from anywool.metadata import WorkerMetadata
@@ -68,6 +70,8 @@ log = logging.getLogger(__name__)
 #: a renewal in flight is abandoned).
 _JOIN_TIMEOUT = 1.0
 _KIND = "EtcdDiscovery"
+#: Lease ids are positive int64s; ours are drawn from [1, 2**62].
+_MAX_LEASE_ID = 1 << 62
 
 
 async def _grant(gateway: Gateway, ttl: int) -> tuple[int, int]:
@@ -286,8 +290,11 @@ class EtcdDiscovery(Discovery, SingleUse):
         :raises DiscoveryServiceError: the cluster refused (permissions, credentials).
         :raises RuntimeError: this instance was entered before.
 
-        Nothing is left behind when entry fails or is cancelled: a lease already granted is
-        revoked (shielded, within ``teardown_timeout``).
+        When entry fails because the cluster refused or the namespace is in use, the lease
+        granted for the claim is revoked (shielded, within ``teardown_timeout``). When no
+        member answered, or entry is cancelled with its request in flight, nothing more is
+        asked of the cluster: a lease granted unseen lapses within ``lease_ttl`` seconds (and a
+        claim made unseen with it).
         """
         self._enter_once()
         await anyio.lowlevel.checkpoint_if_cancelled()
@@ -299,51 +306,71 @@ class EtcdDiscovery(Discovery, SingleUse):
             finally:
                 await gateway.aclose()
             return self
-        lease = 0
+        # A lease id of our choosing: the grant and the claim that binds it go in one round
+        # trip (pipelined), and a claim retried elsewhere recognises its own lease.
+        lease = secrets.randbelow(_MAX_LEASE_ID) + 1
         try:
-            lease, ttl = await _grant(gateway, self._lease_ttl)
-            self._generation = await self._claim(gateway, lease)
+            self._generation, ttl = await self._claim(gateway, lease)
             keeper = LeaseKeeper(self._config, lease, ttl,
                                  f"the owner of discovery namespace {self._namespace!r}",
                                  self._lost)
             keeper.start()
-        except BaseException:
+        except BaseException as exc:
             self._generation = None
             with anyio.CancelScope(shield=True):
-                with anyio.move_on_after(self._teardown_timeout):
-                    try:
-                        if lease:
+                # Revoked when the cluster answered (the claim lost, was refused, or the lease
+                # thread could not start). Not when it did not (no member answered, or the
+                # entry was cancelled with the request in flight): waiting on that cluster
+                # would stall the failure or the cancellation, and a lease granted unseen
+                # lapses within lease_ttl, with the claim if that was made too.
+                if isinstance(exc, Exception) and not isinstance(exc, DiscoveryUnavailable):
+                    with anyio.move_on_after(self._teardown_timeout):
+                        try:
                             await _revoke(gateway, lease)
-                    except DiscoveryError as exc:
-                        log.warning("revoking the lease of a failed claim of %r failed (it "
-                                    "lapses within %d s): %s", self._namespace,
-                                    self._lease_ttl, describe(exc))
+                        except DiscoveryError as failure:
+                            log.warning("revoking the lease of a failed claim of %r failed "
+                                        "(it lapses within %d s): %s", self._namespace,
+                                        self._lease_ttl, describe(failure))
                 await gateway.aclose()
             raise
         self._gateway, self._lease, self._keeper = gateway, lease, keeper
         return self
 
-    async def _claim(self, gateway: Gateway, lease: int) -> int:
+    async def _claim(self, gateway: Gateway, lease: int) -> tuple[int, int]:
+        """Grant ``lease`` and claim the namespace with it, in one round trip: the claim's
+        generation and the lease's granted TTL."""
         keys = self._keys
         record = _keys.owner_record(self._namespace, self._lease_ttl)
-        answer = await gateway.call("/v3/kv/txn", {
-            "compare": [{"key": b64(keys.owner), "result": "EQUAL", "target": "CREATE",
-                         "create_revision": "0"}],
-            # What a dead generation left goes in the same revision as the claim.
-            "success": [{"request_delete_range": {"key": b64(keys.workers),
-                                                  "range_end": b64(keys.workers_end)}},
-                        {"request_put": {"key": b64(keys.owner), "value": b64(record),
-                                         "lease": str(lease)}}],
-            "failure": [{"request_range": {"key": b64(keys.owner)}}]})
+        granted, answer = await gateway.call_batch([
+            ("/v3/lease/grant", {"TTL": str(self._lease_ttl), "ID": str(lease)}),
+            ("/v3/kv/txn", {
+                "compare": [{"key": b64(keys.owner), "result": "EQUAL", "target": "CREATE",
+                             "create_revision": "0"}],
+                # What a dead generation left goes in the same revision as the claim.
+                "success": [{"request_delete_range": {"key": b64(keys.workers),
+                                                      "range_end": b64(keys.workers_end)}},
+                            {"request_put": {"key": b64(keys.owner), "value": b64(record),
+                                             "lease": str(lease)}}],
+                "failure": [{"request_range": {"key": b64(keys.owner)}}]})])
+        ttl = self._lease_ttl
+        if isinstance(granted, DiscoveryServiceError):
+            # "lease already exists": ours, granted by an attempt whose answer was lost (a
+            # random 62-bit id is not someone else's).
+            if "lease already exists" not in granted.message:
+                raise granted
+        else:
+            ttl = max(int(granted.get("TTL", 0)), ttl)  # etcd may raise it to its floor
+        if isinstance(answer, DiscoveryServiceError):
+            raise answer
         if answer.get("succeeded"):
-            return header_revision(answer)
+            return header_revision(answer), ttl
         owner = _failed_owner(answer)
         if owner is None:  # deleted between compare and read: never, they are one revision
             raise DiscoveryServiceError(gateway.endpoint, None, f"claim answered {answer!r}")
         if int(owner.get("lease", 0)) == lease:
             # Ours: an earlier attempt took effect, its answer was lost, and the gateway
             # retried on another member.
-            return int(owner.get("create_revision", 0))
+            return int(owner.get("create_revision", 0)), ttl
         value = unb64(owner.get("value", ""))
         pid = _keys.read_owner(value).get("pid")
         raise DiscoveryNamespaceInUse(self._namespace, _where(self._config, keys, value),
@@ -376,12 +403,18 @@ class EtcdDiscovery(Discovery, SingleUse):
         try:
             with anyio.move_on_after(self._teardown_timeout) as budget:
                 try:
+                    # In one round trip (pipelined, in order): the fenced delete first, since
+                    # revoking deletes the owner key, which the fence reads.
+                    steps: list[tuple[str, dict[str, Any]]] = []
                     if generation is not None:
-                        await gateway.call("/v3/kv/txn", _fenced(self._keys, generation, [
+                        steps.append(("/v3/kv/txn", _fenced(self._keys, generation, [
                             {"request_delete_range": {"key": b64(self._keys.workers),
                                                       "range_end": b64(self._keys.workers_end)}},
-                            {"request_delete_range": {"key": b64(self._keys.owner)}}]))
-                    await _revoke(gateway, self._lease)
+                            {"request_delete_range": {"key": b64(self._keys.owner)}}])))
+                    steps.append(("/v3/lease/revoke", {"ID": str(self._lease)}))
+                    for answer in await gateway.call_batch(steps):
+                        if isinstance(answer, DiscoveryServiceError) and answer.code != NOT_FOUND:
+                            raise answer
                 except DiscoveryError as exc:
                     log.warning("releasing discovery namespace %r failed (its claim lapses "
                                 "within %d s): %s", self._namespace, self._lease_ttl,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -43,6 +43,10 @@ TRANSIENT = frozenset({4, 14})
 
 
 _RETRY_PAUSE = 0.05
+
+
+#: Requests as ``(path, JSON body)``.
+Steps = Sequence[tuple[str, dict[str, Any]]]
 
 
 class _Transient(Exception):
@@ -104,21 +108,21 @@ class Gateway:
     def _headers(self) -> dict[str, str]:
         return {} if self._token is None else {"Authorization": self._token}
 
-    async def _post(self, endpoint: str, path: str, body: dict[str, Any],
-                    timeout: float) -> tuple[int, bytes]:
-        """One request to one member, bounded by ``timeout`` seconds in all (its connection
-        by ``connect_timeout`` too)."""
+    async def _post(self, endpoint: str, steps: Steps,
+                    timeout: float) -> list[tuple[int, bytes]]:
+        """Requests to one member (pipelined), bounded by ``timeout`` seconds in all (a new
+        connection by ``connect_timeout`` too)."""
         with anyio.fail_after(timeout):
-            return await self._pool.request(endpoint, path, json.dumps(body).encode(),
-                                            self._headers())
+            return await self._pool.requests(
+                endpoint, [(path, json.dumps(body).encode()) for path, body in steps],
+                self._headers())
 
     async def _authenticate(self, endpoint: str, timeout: float) -> None:
         config = self.config.with_env_password()
         if config.username is None:
             return
-        status, data = await self._post(endpoint, "/v3/auth/authenticate",
-                                        {"name": config.username,
-                                         "password": config.password or ""}, timeout)
+        [(status, data)] = await self._post(endpoint, [("/v3/auth/authenticate", {
+            "name": config.username, "password": config.password or ""})], timeout)
         if status != 200:
             raise refusal(endpoint, status, data)
         try:
@@ -144,6 +148,21 @@ class Gateway:
         Cancellation: the request is abandoned at once (its connection is closed, never
         reused).
         """
+        [answer] = await self.call_batch([(path, body)], timeout=timeout, endpoint=endpoint)
+        if isinstance(answer, DiscoveryServiceError):
+            raise answer
+        return answer
+
+    async def call_batch(self, steps: Steps, *, timeout: float | None = None,
+                         endpoint: str | None = None) -> list[dict[str, Any] | DiscoveryServiceError]:
+        """Several requests to one member in one round trip (pipelined: they take effect in
+        order, each after the one before); each one's decoded answer, or the error the member
+        answered it with. Failover, budget and cancellation as for :meth:`call`; when the
+        member cannot serve one of them now, the whole batch is tried again elsewhere (so
+        each step must bear being repeated).
+
+        :raises DiscoveryUnavailable: no member answered in time.
+        """
         budget = self.config.request_timeout if timeout is None else timeout
         endpoints = self.config.endpoints
         failures: list[str] = []
@@ -160,7 +179,7 @@ class Gateway:
             share = budget / len(order)
             for url in order:
                 try:
-                    return await self._call_one(url, path, body, share)
+                    return await self._batch_one(url, steps, share)
                 except (TransportError, TimeoutError, _Transient) as exc:
                     failures.append(f"{url}: {describe(exc)}")
                     transient = transient or isinstance(exc, _Transient)
@@ -171,27 +190,32 @@ class Gateway:
             await anyio.sleep(_RETRY_PAUSE)
         raise DiscoveryUnavailable(tuple(order), "; ".join(failures[-len(order) * 2:]))
 
-    async def _call_one(self, url: str, path: str, body: dict[str, Any],
-                        budget: float) -> dict[str, Any]:
+    async def _batch_one(self, url: str, steps: Steps,
+                         budget: float) -> list[dict[str, Any] | DiscoveryServiceError]:
         if self._token is None and self.config.username is not None:
             await self._authenticate(url, budget)
-        status, data = await self._post(url, path, body, budget)
-        if status == 401 and self.config.username is not None:
+        answers = await self._post(url, steps, budget)
+        if self.config.username is not None and any(status == 401 for status, _ in answers):
             await self._authenticate(url, budget)  # the token expired: once more
-            status, data = await self._post(url, path, body, budget)
-        if status != 200:
-            error = refusal(url, status, data)
-            if error.code in TRANSIENT or status == 503:
-                raise _Transient(error.message)
-            raise error
-        try:
-            answer = json.loads(data)
-        except ValueError:
-            raise DiscoveryServiceError(url, None, "answered something that is not JSON: "
-                                        f"{data[:200]!r}") from None
-        if not isinstance(answer, dict):
-            raise DiscoveryServiceError(url, None, f"answered {answer!r}")
-        return answer  # pyright: ignore[reportUnknownVariableType]
+            answers = await self._post(url, steps, budget)
+        results: list[dict[str, Any] | DiscoveryServiceError] = []
+        for status, data in answers:
+            if status != 200:
+                error = refusal(url, status, data)
+                if error.code in TRANSIENT or status == 503:
+                    raise _Transient(error.message)
+                results.append(error)
+                continue
+            try:
+                answer = json.loads(data)
+            except ValueError:
+                answer = None
+            if not isinstance(answer, dict):
+                results.append(DiscoveryServiceError(
+                    url, None, f"answered something that is not a JSON object: {data[:200]!r}"))
+            else:
+                results.append(answer)  # pyright: ignore[reportUnknownArgumentType]
+        return results
 
     @asynccontextmanager
     async def stream(self, path: str, body: dict[str, Any],

@@ -18,7 +18,7 @@ handshake that is interrupted closes its TCP connection too.
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from urllib.parse import urlsplit
 
 import anyio
@@ -114,17 +114,18 @@ class Connection:
         return not self.closed and self._h11.our_state is h11.IDLE \
             and self._h11.their_state is h11.IDLE
 
-    async def _send(self, path: str, body: bytes, headers: dict[str, str]) -> None:
+    def _frame(self, framer: h11.Connection, path: str, body: bytes,
+               headers: dict[str, str]) -> bytes:
         fields = [("Host", self._host), ("Content-Type", "application/json"),
                   ("Content-Length", str(len(body))), *headers.items()]
-        data = self._h11.send(h11.Request(method="POST", target=path, headers=fields)) or b""
-        data += self._h11.send(h11.Data(data=body)) or b""
-        data += self._h11.send(h11.EndOfMessage()) or b""
-        await self._stream.send(data)
+        data = framer.send(h11.Request(method="POST", target=path, headers=fields)) or b""
+        data += framer.send(h11.Data(data=body)) or b""
+        data += framer.send(h11.EndOfMessage()) or b""
+        return data
 
-    async def _next(self) -> h11.Event | type[h11.PAUSED]:
+    async def _next(self, framer: h11.Connection) -> h11.Event | type[h11.PAUSED]:
         while True:
-            event = self._h11.next_event()
+            event = framer.next_event()
             if event is not h11.NEED_DATA:
                 return event  # type: ignore[return-value]
             try:
@@ -132,45 +133,75 @@ class Connection:
             except anyio.EndOfStream:
                 data = b""  # h11 says whether the message was complete
             self.answered = self.answered or bool(data)
-            self._h11.receive_data(data)
+            framer.receive_data(data)
 
-    async def _head(self) -> int:
+    async def _head(self, framer: h11.Connection) -> int:
         while True:
-            event = await self._next()
+            event = await self._next(framer)
             if isinstance(event, h11.Response):
                 return event.status_code
             if isinstance(event, h11.ConnectionClosed):
                 raise ReadError("the member closed the connection without answering")
+
+    async def _answer(self, framer: h11.Connection) -> tuple[int, bytes]:
+        status = await self._head(framer)
+        chunks: list[bytes] = []
+        while True:
+            event = await self._next(framer)
+            if isinstance(event, h11.Data):
+                chunks.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                return status, b"".join(chunks)
+            elif isinstance(event, h11.ConnectionClosed):
+                raise ReadError("the member closed the connection mid-answer")
 
     async def request(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
         """Send a ``POST`` and read the whole answer: its status and body.
 
         :raises ReadError: the connection failed (the request may have taken effect).
         """
+        return (await self.requests([(path, body)], headers))[0]
+
+    async def requests(self, batch: Sequence[tuple[str, bytes]],
+                       headers: dict[str, str]) -> list[tuple[int, bytes]]:
+        """Send ``POST`` requests at once and read every answer, in order.
+
+        HTTP/1.1 pipelining: the member reads one request after the other, each once it
+        answered the one before, so they take effect in order, for one round trip. (h11
+        frames one message at a time: each request after the first gets a framer of its own,
+        fed what the one before read past its answer.)
+
+        :raises ReadError: the connection failed (some requests may have taken effect).
+        """
         self.answered = False
+        framers = [self._h11, *(h11.Connection(h11.CLIENT) for _ in batch[1:])]
+        answers: list[tuple[int, bytes]] = []
         try:
-            await self._send(path, body, headers)
-            status = await self._head()
-            chunks: list[bytes] = []
-            while True:
-                event = await self._next()
-                if isinstance(event, h11.Data):
-                    chunks.append(bytes(event.data))
-                elif isinstance(event, h11.EndOfMessage):
-                    break
-                elif isinstance(event, h11.ConnectionClosed):
-                    raise ReadError("the member closed the connection mid-answer")
+            await self._stream.send(b"".join(
+                self._frame(framer, path, body, headers)
+                for framer, (path, body) in zip(framers, batch)))
+            for i, framer in enumerate(framers):
+                if i:
+                    leftover, closed = framers[i - 1].trailing_data
+                    if leftover:  # (to h11, empty data means the connection closed)
+                        framer.receive_data(bytes(leftover))
+                    if closed:
+                        framer.receive_data(b"")
+                answers.append(await self._answer(framer))
         except _FAILURES as exc:
             await self.aclose()
             raise ReadError(_reason(exc)) from exc
         except BaseException:
             await self.aclose()
             raise
-        if self._h11.our_state is h11.DONE and self._h11.their_state is h11.DONE:
-            self._h11.start_next_cycle()
+        last = framers[-1]
+        if last.our_state is h11.DONE and last.their_state is h11.DONE \
+                and not last.trailing_data[0]:
+            last.start_next_cycle()
+            self._h11 = last
         else:
             await self.aclose()
-        return status, b"".join(chunks)
+        return answers
 
     async def start_stream(self, path: str, body: bytes,
                            headers: dict[str, str]) -> tuple[int, AsyncIterator[bytes]]:
@@ -180,8 +211,8 @@ class Connection:
         :raises ReadError: the connection failed.
         """
         try:
-            await self._send(path, body, headers)
-            status = await self._head()
+            await self._stream.send(self._frame(self._h11, path, body, headers))
+            status = await self._head(self._h11)
         except _FAILURES as exc:
             await self.aclose()
             raise ReadError(_reason(exc)) from exc
@@ -189,7 +220,7 @@ class Connection:
         async def pieces() -> AsyncIterator[bytes]:
             try:
                 while True:
-                    event = await self._next()
+                    event = await self._next(self._h11)
                     if isinstance(event, h11.Data):
                         yield bytes(event.data)
                     elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
@@ -209,18 +240,19 @@ class Pool:
         self._idle: dict[str, list[Connection]] = {}
         self._closed = False
 
-    async def request(self, url: str, path: str, body: bytes,
-                      headers: dict[str, str]) -> tuple[int, bytes]:
-        """``POST`` to the member at ``url`` on an idle connection (else a new one).
+    async def requests(self, url: str, batch: Sequence[tuple[str, bytes]],
+                       headers: dict[str, str]) -> list[tuple[int, bytes]]:
+        """``POST`` to the member at ``url`` on an idle connection (else a new one),
+        pipelined when there are several (see :meth:`Connection.requests`).
 
         :raises ConnectError: a new connection could not be made.
-        :raises ReadError: the connection failed once the request was sent.
+        :raises ReadError: the connection failed once the requests were sent.
         """
         idle = self._idle.setdefault(url, [])
         while idle:
             connection = idle.pop()
             try:
-                answer = await connection.request(path, body, headers)
+                answers = await connection.requests(batch, headers)
             except ReadError:
                 if connection.answered:
                     raise
@@ -228,11 +260,11 @@ class Pool:
                 # member that died: then the new connection is refused). Once more, anew.
                 break
             await self._keep(url, connection)
-            return answer
+            return answers
         connection = await Connection.open(url, self._ssl_context, self._connect_timeout)
-        answer = await connection.request(path, body, headers)
+        answers = await connection.requests(batch, headers)
         await self._keep(url, connection)
-        return answer
+        return answers
 
     async def _keep(self, url: str, connection: Connection) -> None:
         idle = self._idle.setdefault(url, [])
