@@ -101,6 +101,11 @@ class Gateway:
         """Close every connection (shielded: closing never waits on a member)."""
         await self._pool.aclose()
 
+    def forget_token(self) -> None:
+        """Authenticate again before the next request (a watch refused with a token that
+        expired: the gateway says so only as a permission refusal in the stream)."""
+        self._token = None
+
     def _headers(self) -> dict[str, str]:
         return {} if self._token is None else {"Authorization": self._token}
 
