@@ -184,3 +184,16 @@ async def test_a_subscription_refused_for_good_raises(etcd_private: EtcdMember) 
                 async for _ in owner.subscriber:
                     await anyio.to_thread.run_sync(revoke)
             assert caught.value.code == 7, caught.value
+
+
+async def test_a_user_without_a_password_anywhere_is_told_where_to_put_it(
+        etcd: EtcdMember, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What a worker making nested calls meets when the pool's password was given as an
+    # argument: the pickled subscriber has none, and neither has the environment.
+    monkeypatch.delenv("ANYWOOL_ETCD_PASSWORD", raising=False)
+    with anyio.fail_after(10):
+        with pytest.raises(DiscoveryServiceError) as caught:
+            async for _ in EtcdDiscovery.Subscriber(f"ns-{uuid.uuid4().hex}", endpoints=etcd.url,
+                                                    username="app"):
+                pass
+    assert "$ANYWOOL_ETCD_PASSWORD" in str(caught.value) and "'app'" in str(caught.value)

@@ -28,7 +28,7 @@ from typing import Any
 
 import anyio
 
-from anywool.discovery.etcd._config import Config
+from anywool.discovery.etcd._config import PASSWORD_ENV, Config
 from anywool.discovery.etcd._http import Connection, Pool, TransportError
 from anywool.errors import DiscoveryServiceError, DiscoveryUnavailable
 
@@ -121,9 +121,16 @@ class Gateway:
         config = self.config.with_env_password()
         if config.username is None:
             return
+        if config.password is None:
+            # Not worth a request (etcd would only say "invalid user ID or password"): the
+            # usual cause is a worker process without the variable, since a password never
+            # travels in a pickle.
+            raise DiscoveryServiceError(
+                endpoint, None, f"no password for etcd user {config.username!r}: give "
+                f"password= or set ${PASSWORD_ENV} (worker processes read it from there)")
         status, data = await self._post(endpoint, "/v3/auth/authenticate",
                                         {"name": config.username,
-                                         "password": config.password or ""}, timeout)
+                                         "password": config.password}, timeout)
         if status != 200:
             raise refusal(endpoint, status, data)
         try:
