@@ -197,3 +197,17 @@ async def test_a_user_without_a_password_anywhere_is_told_where_to_put_it(
                                                     username="app"):
                 pass
     assert "$ANYWOOL_ETCD_PASSWORD" in str(caught.value) and "'app'" in str(caught.value)
+
+
+@pytest.mark.parametrize("url", ["http://app:s3cr3t@127.0.0.1:2379", "http://app:s3/cr3t@127.0.0.1:2379",
+                                 "http://app:s3cr3t@127.0.0.1:99999"])
+def test_an_endpoint_with_credentials_is_refused_without_echoing_them(url: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        EtcdDiscovery("ns", endpoints=url)
+    assert "endpoints" in str(caught.value) and "s3" not in str(caught.value)
+
+
+def test_an_endpoint_on_port_0_is_refused() -> None:
+    # Port 0 is nobody's client port (and would be "any port" to a listener).
+    with pytest.raises(ValueError, match="endpoints"):
+        EtcdDiscovery("ns", endpoints="http://127.0.0.1:0")
