@@ -315,10 +315,18 @@ class EtcdSource(_hub._Source):
                                 endpoint, code, "the watch was cancelled: " + reason)
                         self._refused = False
                         changes = result.get("events")
-                        revision = header_revision(result)
                         if changes:
                             self._deliver(self._apply(changes))
-                        self.revision = max(self.revision, revision)
+                            # Not the header's revision: a watch catching up on its history
+                            # gets it in batches of 1 000 revisions (and its "created" message
+                            # first), each headed with the *current* revision; resuming from
+                            # that after a failure mid-way would skip the rest.
+                            last = changes[-1].get("kv", {}).get("mod_revision", 0)
+                            self.revision = max(self.revision, int(last))
+                        elif not result.get("created"):
+                            # A progress notification: etcd sends one only to a watch that is
+                            # up to date.
+                            self.revision = max(self.revision, header_revision(result))
             except (TransportError, DiscoveryServiceError, DiscoveryUnavailable, TimeoutError,
                     ValueError) as exc:
                 failure = exc
