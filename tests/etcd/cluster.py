@@ -318,7 +318,7 @@ class EtcdMember:
 
     def __init__(self, name: str, directory: Path, client_port: int, peer_port: int,
                  initial_cluster: str, cluster_token: str, *, tls: EtcdTLS | None = None,
-                 service: bool = False) -> None:
+                 service: bool = False, flags: tuple[str, ...] = ()) -> None:
         self.name = name
         self.directory = directory
         self.client_port = client_port
@@ -337,6 +337,8 @@ class EtcdMember:
         self._root: Path | None = None  # removed by close(), for a member started by start()
         self._member_id: str | None = None
         self._ssl_context: ssl.SSLContext | None = None
+        #: More etcd flags, given on every start (e.g. ``("--auth-token-ttl", "1")``).
+        self.flags = tuple(flags)
 
     def __repr__(self) -> str:
         return f"<EtcdMember {self.name} {self.url} pid {self.pid} {self._state()}>"
@@ -349,12 +351,14 @@ class EtcdMember:
         return "frozen" if self.frozen else "running"
 
     @classmethod
-    def start(cls, *, name: str = "etcd", tls: bool = False, service: bool = False) -> EtcdMember:
+    def start(cls, *, name: str = "etcd", tls: bool = False, service: bool = False,
+              flags: tuple[str, ...] = ()) -> EtcdMember:
         """Start a member that is a cluster of its own, and return once it serves.
 
         :param name: the member's name (also in its directory's name).
         :param tls: serve https with a fresh :class:`EtcdTLS` (client certificate required).
         :param service: a fixture keeps it across tests (see :data:`SERVICE_PIDS`).
+        :param flags: more etcd flags, e.g. ``("--auth-token-ttl", "1")``.
         :raises EtcdStartError: no usable binary, or it did not serve within
             :data:`READY_TIMEOUT` seconds, or it exited while starting :data:`START_ATTEMPTS`
             times (each time on fresh ports).
@@ -371,7 +375,7 @@ class EtcdMember:
                 client_port, peer_port = _free_ports(2)
                 member = cls(name, root, client_port, peer_port,
                              f"{name}=http://127.0.0.1:{peer_port}", uuid.uuid4().hex,
-                             tls=material, service=service)
+                             tls=material, service=service, flags=flags)
                 member._spawn(binary, "new")
                 problem = _wait_ready([member], READY_TIMEOUT)
                 if problem is None:
@@ -405,6 +409,7 @@ class EtcdMember:
             "--election-timeout", str(ELECTION_TIMEOUT_MS),
             "--experimental-watch-progress-notify-interval", "1s",
             "--log-level", "warn",
+            *self.flags,
         ]
         if _scratch_parent() is None:
             command.append("--unsafe-no-fsync")  # no tmpfs: spare the tests fsync stalls
@@ -622,12 +627,14 @@ class EtcdCluster:
 
     :param n: how many members, at least 1 (3 tolerates one member down).
     :param service: fixtures keep it across tests (see :data:`SERVICE_PIDS`).
+    :param flags: more etcd flags for every member.
     :raises ValueError: ``n`` below 1.
     :raises EtcdStartError: as :meth:`EtcdMember.start`, for the cluster as a whole (a member
         that exits while starting restarts all of them on fresh ports).
     """
 
-    def __init__(self, n: int = 3, *, service: bool = False) -> None:
+    def __init__(self, n: int = 3, *, service: bool = False,
+                 flags: tuple[str, ...] = ()) -> None:
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
         binary = _require_binary()
@@ -642,7 +649,7 @@ class EtcdCluster:
                                    for i, name in enumerate(names))
                 token = uuid.uuid4().hex
                 members = [EtcdMember(name, self._root / name, ports[2 * i], ports[2 * i + 1],
-                                      initial, token, service=service)
+                                      initial, token, service=service, flags=flags)
                            for i, name in enumerate(names)]
                 for member in members:
                     member._spawn(binary, "new")

@@ -5,11 +5,19 @@ change. Both backends."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import pytest
 
 from anywool import EtcdDiscovery
+from anywool.discovery.etcd._config import Config
+from anywool.discovery.etcd._gateway import Gateway
+from anywool.discovery.etcd._http import TransportError
+from anywool.discovery.etcd._keys import Keys, b64
+from anywool.discovery.etcd._source import EtcdSource, Snapshot, source_key
 from tests.etcd.cluster import EtcdCluster, EtcdMember
 from tests.helpers import follow, take, worker
 
@@ -92,3 +100,53 @@ async def test_a_frozen_member_costs_a_request_its_share_of_the_budget_only(
             assert owner.claimed
     # The frozen member had its share (0.5 s), then the next answered: nowhere near the budget.
     assert claimed < budget / 3 + 0.7
+
+
+class _ScriptedGateway(Gateway):
+    """A member whose watch sends ``messages`` and then fails; records where watches start."""
+
+    def __init__(self, config: Config, messages: list[dict[str, Any]]) -> None:
+        super().__init__(config)
+        self.messages = messages
+        self.starts: list[int] = []
+
+    @asynccontextmanager
+    async def stream(self, path: str, body: dict[str, Any],
+                     endpoint: str) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
+        self.starts.append(int(body["create_request"]["start_revision"]))
+
+        async def lines() -> AsyncIterator[dict[str, Any]]:
+            for message in self.messages:
+                yield message
+            raise TransportError("the member died")
+
+        yield lines()
+
+
+async def test_a_watch_that_fails_while_catching_up_resumes_where_its_events_stopped() -> None:
+    # What etcd sends a watch that starts behind (after a failover, say): "created" and then
+    # its history in batches of 1 000 revisions, every message headed with the current
+    # revision (here 5 000). A watch that fails after the first batch must resume after that
+    # batch's last event (1 000), not after the header's revision: that would skip 1 001 to
+    # 5 000.
+    config = Config.make("http://127.0.0.1:9", "/t", None, None, None, 1.0, 1.0)
+    namespace = f"ns-{uuid.uuid4().hex}"
+    keys = Keys(config.prefix, namespace)
+    header = {"header": {"revision": "5000"}}
+    workers = [worker(f"10.0.0.1:{i + 1}") for i in range(2)]
+    batch = [{"kv": {"key": b64(keys.worker(m.uid)), "mod_revision": str(revision),
+                     "value": b64(m.to_bytes())}}
+             for m, revision in zip(workers, (11, 1000))]
+    gateway = _ScriptedGateway(config, [{"result": {**header, "created": True}},
+                                        {"result": {**header, "events": batch}}])
+    source = EtcdSource(source_key(namespace, config), namespace, config,
+                        Snapshot(revision=10, values={}, generation=5))
+    try:
+        with anyio.fail_after(5):
+            for _ in range(2):
+                with pytest.raises(TransportError):
+                    await source._watch(gateway, config.endpoints[0])
+        assert gateway.starts == [11, 1001]
+    finally:
+        source.close()
+        await gateway.aclose()

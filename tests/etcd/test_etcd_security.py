@@ -11,8 +11,8 @@ import pytest
 
 from anywool import EtcdDiscovery, MutualTLS
 from anywool.errors import DiscoveryServiceError, DiscoveryUnavailable
-from tests.etcd.cluster import EtcdMember, EtcdTLSServer
-from tests.etcd.gateway import enable_auth
+from tests.etcd.cluster import EtcdCluster, EtcdMember, EtcdTLSServer
+from tests.etcd.gateway import authenticate, call, enable_auth
 from tests.helpers import follow, take, worker
 
 pytestmark = pytest.mark.anyio
@@ -136,3 +136,78 @@ async def test_a_member_that_never_finishes_the_handshake_costs_connect_timeout(
             for stream in accepted:
                 await stream.aclose()
             tg.cancel_scope.cancel()
+
+
+async def test_a_subscription_authenticates_again_when_it_fails_over() -> None:
+    # A member resets a token's idle TTL only when the token is used there: after watching
+    # one member for longer than that TTL, the token is expired on the others, and a watch
+    # opened there with it is refused in the stream as a permission refusal (not HTTP 401).
+    # The subscription must authenticate again, not retry the dead token for ever.
+    with EtcdCluster(3, flags=("--auth-token-ttl", "1")) as three:
+        enable_auth(three.urls[0], "app", "app-password")
+        with anyio.fail_after(40):
+            async with EtcdDiscovery(f"ns-{uuid.uuid4().hex}", endpoints=three.urls,
+                                     username="app", password="app-password",
+                                     lease_ttl=60) as owner, \
+                    owner.publisher as publisher, anyio.create_task_group() as tg:
+                events = await follow(tg, owner.subscriber)
+                first, second = worker("10.0.0.1:1"), worker("10.0.0.1:2")
+                await publisher.publish("worker-added", first)
+                assert await take(events, 1) == [("worker-added", first.uid)]
+                # Watching members[0] (the first endpoint) outlives the token elsewhere:
+                # etcd drops expired tokens on a one-second tick.
+                await anyio.sleep(2.5)
+                three.members[0].freeze()
+                try:
+                    await publisher.publish("worker-added", second)
+                    with anyio.fail_after(8):
+                        assert await take(events, 1) == [("worker-added", second.uid)]
+                finally:
+                    three.members[0].thaw()
+                tg.cancel_scope.cancel()
+
+
+async def test_a_subscription_refused_for_good_raises(etcd_private: EtcdMember) -> None:
+    enable_auth(etcd_private.url, "app", "app-password")
+    every_key = {"role": "app", "key": "AA==", "range_end": "AA=="}  # b"\0" .. b"\0"
+
+    def revoke() -> None:
+        token = authenticate(etcd_private.url, "root", "app-password")
+        call(etcd_private.url, "/v3/auth/role/revoke", every_key, token=token)
+
+    with anyio.fail_after(20):
+        async with EtcdDiscovery(f"ns-{uuid.uuid4().hex}", endpoints=etcd_private.url,
+                                 username="app", password="app-password",
+                                 teardown_timeout=1) as owner, owner.publisher as publisher:
+            await publisher.publish("worker-added", worker("10.0.0.1:1"))
+            with pytest.raises(DiscoveryServiceError) as caught:
+                async for _ in owner.subscriber:
+                    await anyio.to_thread.run_sync(revoke)
+            assert caught.value.code == 7, caught.value
+
+
+async def test_a_user_without_a_password_anywhere_is_told_where_to_put_it(
+        etcd: EtcdMember, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What a worker making nested calls meets when the pool's password was given as an
+    # argument: the pickled subscriber has none, and neither has the environment.
+    monkeypatch.delenv("ANYWOOL_ETCD_PASSWORD", raising=False)
+    with anyio.fail_after(10):
+        with pytest.raises(DiscoveryServiceError) as caught:
+            async for _ in EtcdDiscovery.Subscriber(f"ns-{uuid.uuid4().hex}", endpoints=etcd.url,
+                                                    username="app"):
+                pass
+    assert "$ANYWOOL_ETCD_PASSWORD" in str(caught.value) and "'app'" in str(caught.value)
+
+
+@pytest.mark.parametrize("url", ["http://app:s3cr3t@127.0.0.1:2379", "http://app:s3/cr3t@127.0.0.1:2379",
+                                 "http://app:s3cr3t@127.0.0.1:99999"])
+def test_an_endpoint_with_credentials_is_refused_without_echoing_them(url: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        EtcdDiscovery("ns", endpoints=url)
+    assert "endpoints" in str(caught.value) and "s3" not in str(caught.value)
+
+
+def test_an_endpoint_on_port_0_is_refused() -> None:
+    # Port 0 is nobody's client port (and would be "any port" to a listener).
+    with pytest.raises(ValueError, match="endpoints"):
+        EtcdDiscovery("ns", endpoints="http://127.0.0.1:0")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import re
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -62,10 +63,15 @@ def check_endpoints(endpoints: object) -> tuple[str, ...]:
             parts = urlsplit(item)
             port = parts.port
         except ValueError as exc:
-            raise ValueError(f"endpoints holds a malformed URL {item!r}: {exc}") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname or port is None \
-                or parts.path not in ("", "/") or parts.query or parts.fragment \
-                or parts.username is not None:
+            # urllib's reason may quote the part before "@" too.
+            reason = "" if "@" in item else f": {exc}"
+            raise ValueError(f"endpoints holds a malformed URL {_without_userinfo(item)!r}"
+                             f"{reason}") from None
+        if parts.username is not None or parts.password is not None:
+            raise ValueError(f"endpoints must not carry credentials in a URL (give username= "
+                             f"and password=), got {_without_userinfo(item)!r}")
+        if parts.scheme not in ("http", "https") or not parts.hostname or not port \
+                or parts.path not in ("", "/") or parts.query or parts.fragment:
             raise ValueError(
                 f"endpoints must hold URLs like 'http://127.0.0.1:2379' or "
                 f"'https://etcd-1.example:2379' (scheme, host and port only), got {item!r}")
@@ -73,6 +79,11 @@ def check_endpoints(endpoints: object) -> tuple[str, ...]:
     if len({url.split(":", 1)[0] for url in checked}) > 1:
         raise ValueError(f"endpoints must all use http or all https, got {endpoints!r}")
     return tuple(checked)
+
+
+def _without_userinfo(url: str) -> str:
+    """``url`` fit for an error message: what precedes an ``@`` in it may be a password."""
+    return re.sub(r"//.*@", "//***@", url)
 
 
 def check_prefix(prefix: object) -> str:

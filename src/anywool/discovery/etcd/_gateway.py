@@ -28,7 +28,7 @@ from typing import Any
 
 import anyio
 
-from anywool.discovery.etcd._config import Config
+from anywool.discovery.etcd._config import PASSWORD_ENV, Config
 from anywool.discovery.etcd._http import Connection, Pool, TransportError
 from anywool.errors import DiscoveryServiceError, DiscoveryUnavailable
 
@@ -105,6 +105,11 @@ class Gateway:
         """Close every connection (shielded: closing never waits on a member)."""
         await self._pool.aclose()
 
+    def forget_token(self) -> None:
+        """Authenticate again before the next request (a watch refused with a token that
+        expired: the gateway says so only as a permission refusal in the stream)."""
+        self._token = None
+
     def _headers(self) -> dict[str, str]:
         return {} if self._token is None else {"Authorization": self._token}
 
@@ -121,8 +126,15 @@ class Gateway:
         config = self.config.with_env_password()
         if config.username is None:
             return
+        if config.password is None:
+            # Not worth a request (etcd would only say "invalid user ID or password"): the
+            # usual cause is a worker process without the variable, since a password never
+            # travels in a pickle.
+            raise DiscoveryServiceError(
+                endpoint, None, f"no password for etcd user {config.username!r}: give "
+                f"password= or set ${PASSWORD_ENV} (worker processes read it from there)")
         [(status, data)] = await self._post(endpoint, [("/v3/auth/authenticate", {
-            "name": config.username, "password": config.password or ""})], timeout)
+            "name": config.username, "password": config.password})], timeout)
         if status != 200:
             raise refusal(endpoint, status, data)
         try:

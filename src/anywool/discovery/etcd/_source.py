@@ -49,6 +49,8 @@ PING_INTERVAL = 1.0
 PING_TIMEOUT = 1.0
 #: Longest pause between rounds of reconnection attempts when no member answers.
 MAX_BACKOFF = 1.0
+#: gRPC codes of a refusal for good (once a fresh token was refused too).
+_REFUSED = (7, 16)
 
 _SALT = secrets.token_bytes(16)
 
@@ -112,6 +114,9 @@ class EtcdSource(_hub._Source):
         self._snapshot: Snapshot | None = snapshot
         self._undecodable: set[bytes] = set()
         self.resyncs = 0
+        # Whether the last watch was refused with a token since forgotten: the next refusal
+        # comes with a fresh token, so it is for good.
+        self._refused = False
 
     def prime(self) -> list[DiscoveryEvent]:
         """Take the snapshot the first iteration read as the view (no I/O): the first
@@ -200,6 +205,7 @@ class EtcdSource(_hub._Source):
 
     async def _follow(self) -> None:
         gateway = Gateway(self.config)
+        refused: DiscoveryServiceError | None = None
         try:
             async with anyio.create_task_group() as tg:
 
@@ -208,10 +214,15 @@ class EtcdSource(_hub._Source):
                     tg.cancel_scope.cancel()
 
                 tg.start_soon(stop_on_request)
-                await self._watch_forever(gateway)
+                try:
+                    await self._watch_forever(gateway)
+                except DiscoveryServiceError as exc:
+                    refused = exc  # raised below, not wrapped in the task group's group
                 tg.cancel_scope.cancel()
         finally:
             await gateway.aclose()
+        if refused is not None:
+            raise refused
 
     async def _watch_forever(self, gateway: Gateway) -> None:
         failures = 0
@@ -223,7 +234,7 @@ class EtcdSource(_hub._Source):
                 failures = 0
                 continue
             except DiscoveryServiceError as exc:
-                if exc.code in (7, 16):  # permission denied, unauthenticated: for good
+                if exc.code in _REFUSED:  # permission denied, unauthenticated: for good
                     raise
                 reason = describe(exc)
             except (TransportError, DiscoveryUnavailable, _Silent, TimeoutError,
@@ -247,10 +258,11 @@ class EtcdSource(_hub._Source):
             "start_revision": str(self.revision + 1), "prev_kv": True, "progress_notify": True}}
         silent = False
         failure: BaseException | None = None
+        refused: DiscoveryServiceError | None = None
         async with anyio.create_task_group() as tg:
 
             async def ping() -> None:
-                nonlocal silent
+                nonlocal silent, refused
                 body = {"key": b64(self.keys.owner), "serializable": True, "keys_only": True}
                 while True:
                     await anyio.sleep(PING_INTERVAL)
@@ -262,7 +274,15 @@ class EtcdSource(_hub._Source):
                     try:
                         await gateway.call("/v3/kv/range", body, endpoint=endpoint,
                                            timeout=PING_TIMEOUT)
-                    except (DiscoveryUnavailable, DiscoveryServiceError):
+                    except DiscoveryServiceError as exc:
+                        # A unary call renews an expired token itself: a refusal is for good.
+                        if exc.code in _REFUSED:
+                            refused = exc
+                        else:
+                            silent = True
+                        tg.cancel_scope.cancel()
+                        return
+                    except DiscoveryUnavailable:
                         silent = True
                         tg.cancel_scope.cancel()
                         return
@@ -280,18 +300,39 @@ class EtcdSource(_hub._Source):
                             if result.get("compact_revision"):
                                 await self._resync(gateway)
                                 break
+                            reason = str(result.get("cancel_reason", "no reason given"))
+                            code = 7 if "PermissionDenied" in reason else \
+                                16 if "Unauthenticated" in reason else None
+                            if code is not None and self.config.username is not None \
+                                    and not self._refused:
+                                # An expired token (the member was out of reach longer than
+                                # the token's TTL) is refused like a missing permission: try
+                                # once more with a fresh one.
+                                self._refused = True
+                                gateway.forget_token()
+                                code = None
                             raise DiscoveryServiceError(
-                                endpoint, None, "the watch was cancelled: "
-                                + str(result.get("cancel_reason", "no reason given")))
+                                endpoint, code, "the watch was cancelled: " + reason)
+                        self._refused = False
                         changes = result.get("events")
-                        revision = header_revision(result)
                         if changes:
                             self._deliver(self._apply(changes))
-                        self.revision = max(self.revision, revision)
+                            # Not the header's revision: a watch catching up on its history
+                            # gets it in batches of 1 000 revisions (and its "created" message
+                            # first), each headed with the *current* revision; resuming from
+                            # that after a failure mid-way would skip the rest.
+                            last = changes[-1].get("kv", {}).get("mod_revision", 0)
+                            self.revision = max(self.revision, int(last))
+                        elif not result.get("created"):
+                            # A progress notification: etcd sends one only to a watch that is
+                            # up to date.
+                            self.revision = max(self.revision, header_revision(result))
             except (TransportError, DiscoveryServiceError, DiscoveryUnavailable, TimeoutError,
                     ValueError) as exc:
                 failure = exc
             tg.cancel_scope.cancel()
+        if refused is not None:
+            raise refused
         if silent:
             raise _Silent(f"{endpoint} did not answer a ping within {PING_TIMEOUT} s")
         if failure is not None:
