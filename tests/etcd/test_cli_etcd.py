@@ -61,12 +61,14 @@ def etcd_args(etcd: EtcdMember, prefix: str) -> list[str]:
 
 
 def keys_under(etcd: EtcdMember, prefix: str) -> list[str]:
-    """Every key under ``prefix`` now."""
+    """Every key under ``prefix`` now, but the publishers' sequence keys (which live as long as
+    their publisher)."""
     key = prefix.encode()
     answer = gateway.call(etcd.url, "/v3/kv/range", {
         "key": base64.b64encode(key).decode(),
         "range_end": base64.b64encode(gateway.range_end(key)).decode(), "keys_only": True})
-    return [base64.b64decode(kv["key"]).decode() for kv in answer.get("kvs", ())]
+    keys = [base64.b64decode(kv["key"]).decode() for kv in answer.get("kvs", ())]
+    return [k for k in keys if "/seq/" not in k]
 
 
 async def host(*args: str) -> tuple[Child, list[str]]:

@@ -270,6 +270,8 @@ async def _survey(gateway: Gateway, prefix: str) -> list[EtcdNamespace]:
     for kv in answer.get("kvs", ()):
         key = _keys.unb64(kv.get("key", ""))
         digest, _, rest = key[len(start):].partition(b"/")
+        if rest.startswith(b"seq/"):
+            continue  # a publisher's sequence key (bookkeeping of its writes)
         base = start + digest
         state = found.get(base)
         if state is None:
@@ -319,6 +321,8 @@ async def read_namespace(cluster: EtcdCluster, namespace: str) -> EtcdNamespace 
         if key == keys.owner:
             _owner(state, kv, _keys.read_owner(value))
             continue
+        if key.startswith(keys.sequences):
+            continue  # a publisher's sequence key (bookkeeping of its writes)
         uid = keys.uid_of(key)
         try:
             metadata = WorkerMetadata.from_bytes(value)

@@ -115,12 +115,10 @@ async def _owner_generation(gateway: Gateway, keys: Keys, namespace: str) -> int
 
 
 def _failed_owner(answer: dict[str, Any]) -> dict[str, Any] | None:
-    """The owner key a failed transaction read back (``None``: absent)."""
-    for response in answer.get("responses", ()):
-        kvs = response.get("response_range", {}).get("kvs")
-        if kvs:
-            return kvs[0]
-    return None
+    """The owner key a failed transaction read back first thing (``None``: absent)."""
+    responses = answer.get("responses") or [{}]
+    kvs = responses[0].get("response_range", {}).get("kvs")
+    return kvs[0] if kvs else None
 
 
 def _where(config: Config, keys: Keys, owner: bytes) -> str:
@@ -492,6 +490,10 @@ class EtcdDiscovery(Discovery, SingleUse):
             # operations are atomic, and the thread copies it before iterating.
             self._workers: dict[UUID, bytes] = {}
             self._released = False
+            # This publisher's sequence key (see _write) and the value it last wrote there
+            # (None: the key does not exist).
+            self._seq_key = self._keys.sequences + secrets.token_hex(8).encode()
+            self._sequence: str | None = None
 
         @property
         def generation(self) -> int:
@@ -611,29 +613,73 @@ class EtcdDiscovery(Discovery, SingleUse):
                 self._workers[uid] = encoded
                 operation = {"request_put": {"key": b64(key), "value": b64(encoded),
                                              "lease": str(keeper.lease)}}
-            for _ in range(2):  # once more after rebinding to a successor
+            while True:
                 try:
-                    answer = await gateway.call("/v3/kv/txn",
-                                                _fenced(self._keys, self._generation, [operation]))
+                    outcome = await self._write(gateway, operation, keeper.lease)
                 except DiscoveryServiceError as exc:
-                    if exc.code != NOT_FOUND or "request_put" not in operation:
+                    if exc.code != NOT_FOUND:
                         raise
                     # The lease is gone (it lapsed): the lease thread is replacing it.
-                    operation["request_put"]["lease"] = str(await self._next_lease(keeper))
+                    await self._next_lease(keeper)
                     continue
-                if answer.get("succeeded"):
-                    return
-                owner = _failed_owner(answer)
-                if owner is None:
+                if outcome == "orphaned":
                     self._workers.pop(uid, None)
                     raise DiscoveryNamespaceNotFound(self.namespace, _KIND)
-                # A successor's: bind it (it starts without the workers announced before).
-                self._generation = int(owner.get("create_revision", 0))
-                self._workers = {uid: self._workers[uid]} if uid in self._workers else {}
-                if type == "worker-dropped":
-                    return  # the successor's claim removed it
+                if outcome == "rebound":
+                    # A successor's namespace, which starts without the workers announced
+                    # before; a drop is then done already.
+                    self._workers = {uid: self._workers[uid]} if uid in self._workers else {}
+                    if type == "worker-dropped":
+                        return
+                    continue
+                return
+
+        async def _write(self, gateway: Gateway, operation: dict[str, Any],
+                         lease: int) -> str:
+            """Make one change of this publisher's: ``"done"``, ``"orphaned"`` (no owner) or
+            ``"rebound"`` (a successor's generation, now this publisher's: the change was not
+            made).
+
+            Every change also moves this publisher's sequence key (bound to its lease) from the
+            value it last wrote to a new random one, and is made only if the key still holds the
+            former. So a request that took effect late (sent to a member that froze, retried
+            on another, then applied when the frozen one woke up) changes nothing: the key has
+            moved on. And an attempt whose answer was lost is known by the key holding its new
+            value.
+
+            :raises DiscoveryServiceError: with code 5 when the lease is gone.
+            """
+            for _ in range(8):
+                current = self._sequence
+                following = str(secrets.randbelow(_MAX_LEASE_ID) + 1)
+                seq_key = b64(self._seq_key)
+                expect: dict[str, Any] = {"key": seq_key, "result": "EQUAL"}
+                expect.update({"target": "CREATE", "create_revision": "0"} if current is None
+                              else {"target": "VALUE", "value": b64(current.encode())})
+                if "request_put" in operation:
+                    operation["request_put"]["lease"] = str(lease)
+                body = _fenced(self._keys, self._generation, [operation, {"request_put": {
+                    "key": seq_key, "value": b64(following.encode()), "lease": str(lease)}}])
+                body["compare"].append(expect)
+                body["failure"].append({"request_range": {"key": seq_key}})
+                answer = await gateway.call("/v3/kv/txn", body)
+                if answer.get("succeeded"):
+                    self._sequence = following
+                    return "done"
+                owner = _failed_owner(answer)
+                if owner is None:
+                    return "orphaned"
+                generation = int(owner.get("create_revision", 0))
+                if generation != self._generation:
+                    self._generation = generation
+                    return "rebound"
+                kvs = answer.get("responses", [{}, {}])[-1].get("response_range", {}).get("kvs")
+                value = unb64(kvs[0].get("value", "")).decode() if kvs else None
+                self._sequence = value  # (another attempt of ours, or the lease thread's)
+                if value == following:
+                    return "done"  # an earlier attempt of this change took effect
             raise DiscoveryServiceError(gateway.endpoint, None,
-                                        "the namespace changed owners twice during one publish")
+                                        "this publisher's sequence kept moving under it")
 
         async def _next_lease(self, keeper: LeaseKeeper) -> int:
             """The lease the lease thread replaced a lost one with (within ``lease_ttl``)."""
@@ -654,17 +700,14 @@ class EtcdDiscovery(Discovery, SingleUse):
             try:
                 lease, ttl = await _grant(gateway, self.lease_ttl)
                 for uid, encoded in announced.items():
-                    answer = await gateway.call("/v3/kv/txn", _fenced(
-                        self._keys, self._generation,
-                        [{"request_put": {"key": b64(self._keys.worker(uid)),
-                                          "value": b64(encoded), "lease": str(lease)}}]))
-                    if not answer.get("succeeded"):
-                        break  # the owner changed: the next publish rebinds
+                    outcome = await self._write(gateway, {"request_put": {
+                        "key": b64(self._keys.worker(uid)), "value": b64(encoded)}}, lease)
+                    if outcome != "done":
+                        break  # the owner changed: the next publish rebinds, or raises
                 # A worker dropped meanwhile must not stay announced.
                 for uid in set(announced) - set(self._workers):
-                    await gateway.call("/v3/kv/txn", _fenced(
-                        self._keys, self._generation,
-                        [{"request_delete_range": {"key": b64(self._keys.worker(uid))}}]))
+                    await self._write(gateway, {"request_delete_range": {
+                        "key": b64(self._keys.worker(uid))}}, lease)
             except DiscoveryError as exc:
                 log.warning("re-announcing the workers of a publisher of %r failed (retrying): "
                             "%s", self.namespace, describe(exc))

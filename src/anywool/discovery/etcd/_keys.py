@@ -6,6 +6,9 @@ in hex (any string is a valid namespace, and its name never shapes a key)::
     P/ns/H/owner          the owner's record (JSON), bound to the owner's lease
     P/ns/H/workers/UID    a worker's metadata (WorkerMetadata.to_bytes), bound to the lease
                           of the publisher that announced it
+    P/ns/H/seq/ID         a publisher's sequence (a random value its every change replaces),
+                          bound to its lease: a change sent earlier that takes effect late
+                          finds it moved on and changes nothing
 
 The owner key's create revision is the namespace's *generation*: unique and increasing for
 every claim, since etcd's revisions are. Writes of publishers and of the owner's exit compare
@@ -49,13 +52,14 @@ def range_end(prefix: bytes) -> bytes:
 class Keys:
     """The keys of one namespace under one prefix."""
 
-    __slots__ = ("base", "owner", "workers", "workers_end", "end")
+    __slots__ = ("base", "owner", "sequences", "workers", "workers_end", "end")
 
     def __init__(self, prefix: str, namespace: str) -> None:
         digest = hashlib.sha256(namespace.encode("utf-8", "surrogatepass")).hexdigest()
         self.base = f"{prefix}/ns/{digest}/".encode()
         self.owner = self.base + b"owner"
         self.workers = self.base + b"workers/"
+        self.sequences = self.base + b"seq/"
         self.workers_end = range_end(self.workers)
         self.end = range_end(self.base)
 
