@@ -134,7 +134,7 @@ class DiscoveryCapacityExhausted(DiscoveryError):
 
 class DiscoveryBlockExhausted(DiscoveryError):
     """A worker's encoded metadata does not fit one discovery record: a block of a local
-    namespace's registry, or a LAN advert (6000 bytes).
+    namespace's registry, a LAN advert (6000 bytes), or an etcd worker key (65 536 bytes).
 
     :param size: the encoded size in bytes that did not fit.
     """
@@ -145,7 +145,7 @@ class DiscoveryBlockExhausted(DiscoveryError):
 
     def __str__(self) -> str:
         return (f"worker metadata of {self.size} bytes does not fit a discovery record (a local "
-                "registry block, or a LAN advert)")
+                "registry block, a LAN advert of 6000 bytes, or an etcd key of 65536 bytes)")
 
 
 class DiscoveryWorkerNotFound(DiscoveryError):

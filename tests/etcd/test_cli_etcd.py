@@ -10,6 +10,7 @@ own): their output is what is tested, and an interpreter per run would cost half
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -18,7 +19,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -205,9 +208,24 @@ def test_a_namespace_in_use_is_one_line_of_error(
 # -- ls, show --------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def signals_kept() -> Iterator[None]:
+    """Put SIGINT's and SIGTERM's handlers back afterwards: a command run in this process may
+    leave them ignored (``watch`` and ``worker`` do once done), and every process this test
+    process starts later would inherit that."""
+    kept = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for number, handler in kept.items():
+                signal.signal(number, handler)
+
+
 def invoke(*args: str) -> Result:
     """``anywool ARGS`` in this process (click's runner), wide enough for the tables."""
-    return CliRunner(env={"COLUMNS": "250"}).invoke(main, list(args))
+    with signals_kept():
+        return CliRunner(env={"COLUMNS": "250"}).invoke(main, list(args))
 
 
 async def run_cli(*args: str) -> Result:
@@ -388,7 +406,8 @@ def test_bad_option_combinations_are_usage_errors(args: list[str], message: str,
     if args[0] == "worker":
         args = [*args, "-n", "ns"]
     # A secret in the environment: the checks after the one for TCP credentials run too.
-    result = CliRunner(env={"ANYWOOL_SECRET": secrets.token_hex(16)}).invoke(main, args)
+    with signals_kept():
+        result = CliRunner(env={"ANYWOOL_SECRET": secrets.token_hex(16)}).invoke(main, args)
     assert result.exit_code == 2, result.output
     assert message in result.stderr
     assert result.stdout == ""  # refused before "starting"
