@@ -58,14 +58,19 @@ async def test_discovery_cycles_keep_no_memory() -> None:
             for _ in range(_WARM_UP):
                 await _cycle()
             gc.collect()
-            before = tracemalloc.take_snapshot()
-            for _ in range(_CYCLES):
-                await _cycle()
-            gc.collect()
-            after = tracemalloc.take_snapshot()
+            snapshots = [tracemalloc.take_snapshot()]
+            # Two windows: a leak keeps memory in both; a table of the interpreter's growing
+            # once (the interned strings' dict resizing, some megabytes in one block, when
+            # anywool happens to be on the stack at that moment) shows in one only.
+            for _ in range(2):
+                for _ in range(_CYCLES):
+                    await _cycle()
+                gc.collect()
+                snapshots.append(tracemalloc.take_snapshot())
         finally:
             tracemalloc.stop()
-    growth, top = _kept_by_anywool(before, after)
+    windows = [_kept_by_anywool(snapshots[i], snapshots[i + 1]) for i in range(2)]
+    growth, top = min(windows)
     assert growth < _BYTES_PER_CYCLE * _CYCLES, (
-        f"{_CYCLES} discovery cycles kept {growth} bytes ({growth / _CYCLES:.0f} per cycle); the "
-        f"largest:\n{top}")
+        f"{_CYCLES} discovery cycles kept {growth} bytes ({growth / _CYCLES:.0f} per cycle), "
+        f"in each of two windows; the largest in the smaller:\n{top}")
