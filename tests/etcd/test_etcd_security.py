@@ -3,7 +3,11 @@ authentication, alone and together; refusals are clear errors. Both backends."""
 
 from __future__ import annotations
 
+import gc
 import uuid
+import warnings
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import anyio
 import anyio.abc
@@ -78,11 +82,10 @@ async def test_mutual_tls_and_a_password_together(etcd_tls: EtcdTLSServer) -> No
                                        password="app-password"))
 
 
-async def test_a_cancelled_tls_handshake_leaves_no_socket_behind(etcd_tls: EtcdTLSServer) -> None:
-    # A listener that accepts and never answers: the client's handshake waits until cancelled.
-    import gc
-    import warnings
-
+@asynccontextmanager
+async def silent_listener() -> AsyncIterator[tuple[int, list[anyio.abc.SocketStream]]]:
+    """A TCP listener that accepts and never answers (a TLS handshake with it waits until
+    cancelled): its port and the connections it accepted, closed on the way out."""
     async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener:
         port = listener.extra(anyio.abc.SocketAttribute.local_port)  # type: ignore[attr-defined]
         accepted: list[anyio.abc.SocketStream] = []
@@ -93,49 +96,45 @@ async def test_a_cancelled_tls_handshake_leaves_no_socket_behind(etcd_tls: EtcdT
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(listener.serve, hold)
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                started = anyio.current_time()
-                with anyio.move_on_after(0.3):
-                    async with EtcdDiscovery(f"ns-{uuid.uuid4().hex}",
-                                             endpoints=f"https://127.0.0.1:{port}",
-                                             tls=etcd_tls.ssl_context()):
-                        pytest.fail("claimed through a server that never answered")
-                assert anyio.current_time() - started < 1.0  # cancelled promptly
-                gc.collect()
-            assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
-            assert accepted  # the handshake had started
-            for stream in accepted:
-                await stream.aclose()
-            tg.cancel_scope.cancel()
+            try:
+                yield port, accepted
+            finally:
+                for stream in accepted:
+                    await stream.aclose()
+                tg.cancel_scope.cancel()
+
+
+async def test_a_cancelled_tls_handshake_leaves_no_socket_behind(etcd_tls: EtcdTLSServer) -> None:
+    async with silent_listener() as (port, accepted):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            started = anyio.current_time()
+            with anyio.move_on_after(0.3):
+                async with EtcdDiscovery(f"ns-{uuid.uuid4().hex}",
+                                         endpoints=f"https://127.0.0.1:{port}",
+                                         tls=etcd_tls.ssl_context()):
+                    pytest.fail("claimed through a server that never answered")
+            assert anyio.current_time() - started < 1.0  # cancelled promptly
+            gc.collect()
+        assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
+        assert accepted  # the handshake had started
 
 
 async def test_a_member_that_never_finishes_the_handshake_costs_connect_timeout(
         etcd_tls: EtcdTLSServer) -> None:
-    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener:
-        port = listener.extra(anyio.abc.SocketAttribute.local_port)  # type: ignore[attr-defined]
-        accepted: list[anyio.abc.SocketStream] = []
+    async with silent_listener() as (port, _):
+        started = anyio.current_time()
+        with anyio.fail_after(10):
+            with pytest.raises(DiscoveryUnavailable) as caught:
+                async with EtcdDiscovery(f"ns-{uuid.uuid4().hex}",
+                                         endpoints=f"https://127.0.0.1:{port}",
+                                         tls=etcd_tls.ssl_context(), connect_timeout=0.3,
+                                         request_timeout=8.0):
+                    pass
+        # connect_timeout, not the request budget, bounds a connection being made.
+        assert anyio.current_time() - started < 0.3 + 1.0
+        assert "TimeoutError" in str(caught.value)
 
-        async def hold(stream: anyio.abc.SocketStream) -> None:
-            accepted.append(stream)
-            await anyio.sleep_forever()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(listener.serve, hold)
-            started = anyio.current_time()
-            with anyio.fail_after(10):
-                with pytest.raises(DiscoveryUnavailable) as caught:
-                    async with EtcdDiscovery(f"ns-{uuid.uuid4().hex}",
-                                             endpoints=f"https://127.0.0.1:{port}",
-                                             tls=etcd_tls.ssl_context(), connect_timeout=0.3,
-                                             request_timeout=8.0):
-                        pass
-            # connect_timeout, not the request budget, bounds a connection being made.
-            assert anyio.current_time() - started < 0.3 + 1.0
-            assert "TimeoutError" in str(caught.value)
-            for stream in accepted:
-                await stream.aclose()
-            tg.cancel_scope.cancel()
 
 
 async def test_a_subscription_authenticates_again_when_it_fails_over() -> None:
