@@ -574,6 +574,25 @@ async def test_a_cancelled_publish_leaves_the_publisher_usable(
                 __import__("base64").b64decode(answer["kvs"][0]["value"])).same_as(changed)
 
 
+async def test_concurrent_publishes_on_one_publisher_all_take_effect(
+        etcd: EtcdMember, etcd_prefix: str, namespace: str) -> None:
+    # Every change moves the publisher's sequence key: changes racing on it let one through a
+    # round, and the rest gave up ("kept moving") after eight rounds.
+    url = etcd.url
+    workers = [worker(f"10.0.0.{i}:1") for i in range(24)]
+    with anyio.fail_after(30):
+        async with owner_of(url, namespace, etcd_prefix) as owner, \
+                owner.publisher as publisher:
+            async with anyio.create_task_group() as tg:
+                for metadata in workers:
+                    tg.start_soon(publisher.publish, "worker-added", metadata)
+            async with gateway_to(url) as gateway:
+                for metadata in workers:
+                    answer = await gateway.call("/v3/kv/range", {"key": b64(
+                        Keys(etcd_prefix, namespace).worker(metadata.uid))})
+                    assert answer.get("kvs"), metadata.uid
+
+
 async def test_a_pool_exit_keeps_its_announce_budget_when_etcd_is_frozen(
         etcd_private: EtcdMember, namespace: str) -> None:
     secret, budget = b"s" * 32, 1.0

@@ -494,6 +494,9 @@ class EtcdDiscovery(Discovery, SingleUse):
             # (None: the key does not exist).
             self._seq_key = self._keys.sequences + secrets.token_hex(8).encode()
             self._sequence: str | None = None
+            # One change at a time: concurrent changes would race on the sequence key, each
+            # round letting one through, and the others would give up after eight rounds.
+            self._changing = anyio.Lock()
 
         @property
         def generation(self) -> int:
@@ -589,7 +592,8 @@ class EtcdDiscovery(Discovery, SingleUse):
             :raises DiscoveryServiceError: the cluster refused.
             :raises RuntimeError: the publisher is not entered, or has exited.
 
-            One transaction (about a millisecond and a half on loopback). Cancellation: the
+            One transaction (about a millisecond and a half on loopback); concurrent publishes
+            on one publisher are made one after the other. Cancellation: the
             request is abandoned, so the change may or may not have been made; the exit
             withdraws whatever this publisher announced either way.
             """
@@ -598,41 +602,45 @@ class EtcdDiscovery(Discovery, SingleUse):
             if gateway is None or keeper is None or self._released:
                 raise RuntimeError("publish needs an entered publisher (inside its async with)")
             await anyio.lowlevel.checkpoint_if_cancelled()
-            uid = metadata.uid
-            key = self._keys.worker(uid)
-            if type == "worker-dropped":
-                if self._workers.pop(uid, None) is None:
-                    return
-                operation: dict[str, Any] = {"request_delete_range": {"key": b64(key)}}
-            else:
-                if type == "worker-updated" and uid not in self._workers:
-                    raise DiscoveryWorkerNotFound(uid)
-                encoded = metadata.to_bytes()
-                if len(encoded) > _keys.MAX_METADATA:
-                    raise DiscoveryBlockExhausted(len(encoded))
-                self._workers[uid] = encoded
-                operation = {"request_put": {"key": b64(key), "value": b64(encoded),
-                                             "lease": str(keeper.lease)}}
-            while True:
-                try:
-                    outcome = await self._write(gateway, operation, keeper.lease)
-                except DiscoveryServiceError as exc:
-                    if exc.code != NOT_FOUND:
-                        raise
-                    # The lease is gone (it lapsed): the lease thread is replacing it.
-                    await self._next_lease(keeper)
-                    continue
-                if outcome == "orphaned":
-                    self._workers.pop(uid, None)
-                    raise DiscoveryNamespaceNotFound(self.namespace, _KIND)
-                if outcome == "rebound":
-                    # A successor's namespace, which starts without the workers announced
-                    # before; a drop is then done already.
-                    self._workers = {uid: self._workers[uid]} if uid in self._workers else {}
-                    if type == "worker-dropped":
+            async with self._changing:
+                if self._released:
+                    raise RuntimeError("publish needs an entered publisher (inside its async "
+                                       "with)")
+                uid = metadata.uid
+                key = self._keys.worker(uid)
+                if type == "worker-dropped":
+                    if self._workers.pop(uid, None) is None:
                         return
-                    continue
-                return
+                    operation: dict[str, Any] = {"request_delete_range": {"key": b64(key)}}
+                else:
+                    if type == "worker-updated" and uid not in self._workers:
+                        raise DiscoveryWorkerNotFound(uid)
+                    encoded = metadata.to_bytes()
+                    if len(encoded) > _keys.MAX_METADATA:
+                        raise DiscoveryBlockExhausted(len(encoded))
+                    self._workers[uid] = encoded
+                    operation = {"request_put": {"key": b64(key), "value": b64(encoded),
+                                                 "lease": str(keeper.lease)}}
+                while True:
+                    try:
+                        outcome = await self._write(gateway, operation, keeper.lease)
+                    except DiscoveryServiceError as exc:
+                        if exc.code != NOT_FOUND:
+                            raise
+                        # The lease is gone (it lapsed): the lease thread is replacing it.
+                        await self._next_lease(keeper)
+                        continue
+                    if outcome == "orphaned":
+                        self._workers.pop(uid, None)
+                        raise DiscoveryNamespaceNotFound(self.namespace, _KIND)
+                    if outcome == "rebound":
+                        # A successor's namespace, which starts without the workers announced
+                        # before; a drop is then done already.
+                        self._workers = {uid: self._workers[uid]} if uid in self._workers else {}
+                        if type == "worker-dropped":
+                            return
+                        continue
+                    return
 
         async def _write(self, gateway: Gateway, operation: dict[str, Any],
                          lease: int) -> str:
