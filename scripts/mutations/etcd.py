@@ -164,6 +164,14 @@ MUTATIONS: list[Mutation] = [
         why="an orphaned publish raises DiscoveryNamespaceNotFound",
     ),
     Mutation(
+        name="etcd-concurrent-publishes-race-the-sequence",
+        path="src/anywool/discovery/etcd/_etcd.py",
+        old="            async with self._changing:",
+        new="            for _ in (1,):",
+        tests=(f"{D}::test_concurrent_publishes_on_one_publisher_all_take_effect",),
+        why="concurrent publishes on one publisher all take effect",
+    ),
+    Mutation(
         name="etcd-borrowers-of-nothing-proceed",
         path="src/anywool/discovery/etcd/_etcd.py",
         old="    if not kvs:\n        raise DiscoveryNamespaceNotFound(namespace, _KIND)",
