@@ -622,13 +622,14 @@ class EtcdDiscovery(Discovery, SingleUse):
                     operation = {"request_put": {"key": b64(key), "value": b64(encoded),
                                                  "lease": str(keeper.lease)}}
                 while True:
+                    lease = keeper.lease
                     try:
-                        outcome = await self._write(gateway, operation, keeper.lease)
+                        outcome = await self._write(gateway, operation, lease)
                     except DiscoveryServiceError as exc:
                         if exc.code != NOT_FOUND:
                             raise
                         # The lease is gone (it lapsed): the lease thread is replacing it.
-                        await self._next_lease(keeper)
+                        await self._next_lease(keeper, lease)
                         continue
                     if outcome == "orphaned":
                         self._workers.pop(uid, None)
@@ -689,9 +690,10 @@ class EtcdDiscovery(Discovery, SingleUse):
             raise DiscoveryServiceError(gateway.endpoint, None,
                                         "this publisher's sequence kept moving under it")
 
-        async def _next_lease(self, keeper: LeaseKeeper) -> int:
-            """The lease the lease thread replaced a lost one with (within ``lease_ttl``)."""
-            lost = keeper.lease
+        async def _next_lease(self, keeper: LeaseKeeper, lost: int) -> int:
+            """The lease the lease thread replaced ``lost`` with (within ``lease_ttl``; it may
+            have done so already: the thread and this loop race). Polled: the thread has no
+            way to wake an event loop of either backend."""
             with anyio.fail_after(max(1.0, float(keeper.ttl)) + self._config.request_timeout):
                 while keeper.lease == lost:
                     await anyio.sleep(0.05)
