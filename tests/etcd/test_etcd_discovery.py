@@ -636,3 +636,26 @@ async def test_a_publish_that_takes_effect_late_changes_nothing(
         await publisher.publish("worker-added", b)
         assert sorted(await keys_under(url, etcd_prefix)) == sorted([keys.owner,
                                                                      keys.worker(b.uid)])
+
+
+async def test_metadata_up_to_64_kib_is_published_and_larger_is_refused(
+        etcd: EtcdMember, etcd_prefix: str, namespace: str) -> None:
+    url = etcd.url
+    keys = Keys(etcd_prefix, namespace)
+
+    def sized(size: int) -> anywool.WorkerMetadata:
+        base = worker("10.0.0.1:1", extra={"pad": ""})
+        pad = size - len(base.to_bytes())
+        metadata = worker("10.0.0.1:1", uid=base.uid, extra={"pad": "x" * pad})
+        grown = len(metadata.to_bytes()) - size  # msgpack's length prefix may widen
+        metadata = worker("10.0.0.1:1", uid=base.uid, extra={"pad": "x" * (pad - grown)})
+        assert len(metadata.to_bytes()) == size
+        return metadata
+
+    async with owner_of(url, namespace, etcd_prefix) as owner, owner.publisher as publisher:
+        largest = sized(64 * 1024)
+        await publisher.publish("worker-added", largest)
+        assert await keys_under(url, etcd_prefix) == sorted([keys.owner, keys.worker(largest.uid)])
+        with pytest.raises(anywool.DiscoveryBlockExhausted) as caught:
+            await publisher.publish("worker-added", sized(64 * 1024 + 1))
+        assert caught.value.size == 64 * 1024 + 1 and "65536" in str(caught.value)

@@ -50,7 +50,8 @@ from anywool.discovery.etcd._config import (
     check_lease_ttl,
     check_namespace,
 )
-from anywool.discovery.etcd._gateway import NOT_FOUND, Gateway, describe, header_revision
+from anywool.discovery.etcd._gateway import NOT_FOUND, Gateway, header_revision
+from anywool.discovery.etcd._http import describe
 from anywool.discovery.etcd._keys import Keys, b64, unb64
 from anywool.discovery.etcd._lease import LeaseKeeper, Replacement
 from anywool.errors import (

@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 
 from anywool.discovery.etcd._config import PASSWORD_ENV, Config
-from anywool.discovery.etcd._http import Connection, Pool, TransportError
+from anywool.discovery.etcd._http import Connection, Pool, TransportError, describe
 from anywool.errors import DiscoveryServiceError, DiscoveryUnavailable
 
 log = logging.getLogger(__name__)
@@ -51,16 +51,6 @@ Steps = Sequence[tuple[str, dict[str, Any]]]
 
 class _Transient(Exception):
     """A member answered that it cannot serve the request now."""
-
-
-def describe(exc: BaseException) -> str:
-    """An exception as a short reason: its type and message, and its cause's (trio's TLS
-    errors have an empty message)."""
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    cause = exc.__cause__ or exc.__context__
-    if cause is not None and cause is not exc and str(cause) and str(cause) not in text:
-        text += f" ({type(cause).__name__}: {cause})"
-    return text
 
 
 def refusal(endpoint: str, status: int, data: bytes) -> DiscoveryServiceError:

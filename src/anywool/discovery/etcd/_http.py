@@ -48,11 +48,12 @@ _FAILURES = (OSError, ssl.SSLError, anyio.BrokenResourceError, anyio.EndOfStream
              anyio.ClosedResourceError, h11.ProtocolError)
 
 
-def _reason(exc: BaseException) -> str:
-    # trio's TLS errors have an empty message: the type always says something.
+def describe(exc: BaseException) -> str:
+    """An exception as a short reason: its type and message, and its cause's (trio's TLS
+    errors have an empty message, so the type always says something)."""
     text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     cause = exc.__cause__ or exc.__context__
-    if cause is not None and str(cause) and str(cause) not in text:
+    if cause is not None and cause is not exc and str(cause) and str(cause) not in text:
         text += f" ({type(cause).__name__}: {cause})"
     return text
 
@@ -83,7 +84,7 @@ class Connection:
             with anyio.fail_after(connect_timeout):
                 tcp = await anyio.connect_tcp(host, port)
         except (*_FAILURES, TimeoutError) as exc:
-            raise ConnectError(_reason(exc)) from exc
+            raise ConnectError(describe(exc)) from exc
         stream: anyio.abc.ByteStream = tcp
         if parts.scheme == "https":
             try:
@@ -95,7 +96,7 @@ class Connection:
                 with anyio.CancelScope(shield=True):
                     await tcp.aclose()
                 if isinstance(exc, (*_FAILURES, TimeoutError)):
-                    raise ConnectError(_reason(exc)) from exc
+                    raise ConnectError(describe(exc)) from exc
                 raise
         return cls(stream, parts.netloc)
 
@@ -190,7 +191,7 @@ class Connection:
                 answers.append(await self._answer(framer))
         except _FAILURES as exc:
             await self.aclose()
-            raise ReadError(_reason(exc)) from exc
+            raise ReadError(describe(exc)) from exc
         except BaseException:
             await self.aclose()
             raise
@@ -215,7 +216,7 @@ class Connection:
             status = await self._head(self._h11)
         except _FAILURES as exc:
             await self.aclose()
-            raise ReadError(_reason(exc)) from exc
+            raise ReadError(describe(exc)) from exc
 
         async def pieces() -> AsyncIterator[bytes]:
             try:
@@ -226,7 +227,7 @@ class Connection:
                     elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
                         return
             except _FAILURES as exc:
-                raise ReadError(_reason(exc)) from exc
+                raise ReadError(describe(exc)) from exc
 
         return status, pieces()
 

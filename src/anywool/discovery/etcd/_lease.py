@@ -24,7 +24,8 @@ from collections.abc import Awaitable, Callable
 import anyio
 
 from anywool.discovery.etcd._config import Config
-from anywool.discovery.etcd._gateway import Gateway, describe
+from anywool.discovery.etcd._gateway import Gateway
+from anywool.discovery.etcd._http import describe
 from anywool.errors import DiscoveryError
 
 log = logging.getLogger(__name__)

@@ -35,8 +35,8 @@ import anyio
 from anywool.discovery import _hub, _view
 from anywool.discovery._protocols import DiscoveryEvent
 from anywool.discovery.etcd._config import Config
-from anywool.discovery.etcd._gateway import Gateway, describe, header_revision
-from anywool.discovery.etcd._http import TransportError
+from anywool.discovery.etcd._gateway import Gateway, header_revision
+from anywool.discovery.etcd._http import TransportError, describe
 from anywool.discovery.etcd._keys import Keys, b64, unb64
 from anywool.errors import DiscoveryNamespaceNotFound, DiscoveryServiceError, DiscoveryUnavailable
 from anywool.metadata import WorkerMetadata
