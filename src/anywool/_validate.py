@@ -46,6 +46,13 @@ def duration(name: str, value: object, *, allow_zero: bool, floor: float = 0.0) 
     return checked
 
 
+def namespace(value: object) -> str:
+    """A discovery namespace: any ``str`` (every backend hashes it into its keys)."""
+    if not isinstance(value, str):
+        raise TypeError(f"namespace must be a str, got {value!r}")
+    return value
+
+
 def count(name: str, value: object, *, upper: int, lower: int = 1) -> int:
     """An ``int`` (not ``bool``) between ``lower`` and ``upper`` inclusive."""
     if isinstance(value, bool) or not isinstance(value, int):

@@ -37,12 +37,6 @@ Endpoints = str | Sequence[str]
 TLS = ssl.SSLContext | MutualTLS
 
 
-def check_namespace(namespace: object) -> str:
-    if not isinstance(namespace, str):
-        raise TypeError(f"namespace must be a str, got {namespace!r}")
-    return namespace
-
-
 def check_endpoints(endpoints: object) -> tuple[str, ...]:
     """One ``http://`` or ``https://`` URL of an etcd member's client port, or a sequence of
     them (at least one, all of one scheme), normalised without a trailing ``/``."""

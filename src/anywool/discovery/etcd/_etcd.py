@@ -48,7 +48,6 @@ from anywool.discovery.etcd._config import (
     Config,
     Endpoints,
     check_lease_ttl,
-    check_namespace,
 )
 from anywool.discovery.etcd._gateway import NOT_FOUND, Gateway, header_revision
 from anywool.discovery.etcd._http import describe
@@ -205,7 +204,7 @@ class EtcdDiscovery(Discovery, SingleUse):
         filter: PredicateFunction | None = None,
         own: bool = True,
     ) -> None:
-        self._namespace = check_namespace(namespace)
+        self._namespace = _validate.namespace(namespace)
         if not isinstance(own, bool):
             raise TypeError(f"own must be a bool, got {own!r}")
         self._own = own
@@ -476,7 +475,7 @@ class EtcdDiscovery(Discovery, SingleUse):
             request_timeout: float = 2.0,
             teardown_timeout: float = 5.0,
         ) -> None:
-            self.namespace = check_namespace(namespace)
+            self.namespace = _validate.namespace(namespace)
             self._config = _connection(endpoints, prefix, tls, username, password,
                                        connect_timeout, request_timeout)
             self.lease_ttl = check_lease_ttl(lease_ttl)
@@ -776,7 +775,7 @@ class EtcdDiscovery(Discovery, SingleUse):
             connect_timeout: float = 1.0,
             request_timeout: float = 2.0,
         ) -> None:
-            self.namespace = check_namespace(namespace)
+            self.namespace = _validate.namespace(namespace)
             self._config = _connection(endpoints, prefix, tls, username, password,
                                        connect_timeout, request_timeout)
 

@@ -38,7 +38,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from anywool import _secret
+from anywool import _secret, _validate
 from anywool._owner import SingleUse
 from anywool.discovery import _hub
 from anywool.discovery._filter import afilter
@@ -60,12 +60,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Interfaces = Iterable[str | int]
-
-
-def _check_namespace(namespace: object) -> str:
-    if not isinstance(namespace, str):
-        raise TypeError(f"namespace must be a str, got {namespace!r}")
-    return namespace
 
 
 def _check_interfaces(interfaces: object) -> tuple[str | int, ...] | None:
@@ -134,7 +128,7 @@ class LanDiscovery(Discovery, SingleUse):
 
     def __init__(self, namespace: str, *, interfaces: Interfaces | None = None,
                  secret: bytes | str | None = None) -> None:
-        self._namespace = _check_namespace(namespace)
+        self._namespace = _validate.namespace(namespace)
         self._interfaces = _check_interfaces(interfaces)
         self._secret = _check_secret(secret)
         self._claimed = False
@@ -219,7 +213,7 @@ class LanDiscovery(Discovery, SingleUse):
 
         def __init__(self, namespace: str, *, interfaces: Interfaces | None = None,
                      secret: bytes | str | None = None) -> None:
-            self.namespace = _check_namespace(namespace)
+            self.namespace = _validate.namespace(namespace)
             self.interfaces = _check_interfaces(interfaces)
             self._secret = _check_secret(secret)
             self._type = _service.service_type(self.namespace)
@@ -398,7 +392,7 @@ class LanDiscovery(Discovery, SingleUse):
 
         def __init__(self, namespace: str, *, interfaces: Interfaces | None = None,
                      secret: bytes | str | None = None) -> None:
-            self.namespace = _check_namespace(namespace)
+            self.namespace = _validate.namespace(namespace)
             self.interfaces = _check_interfaces(interfaces)
             self._secret = _check_secret(secret)
 

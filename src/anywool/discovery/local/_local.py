@@ -51,12 +51,6 @@ from anywool.metadata import WorkerMetadata
 log = logging.getLogger(__name__)
 
 
-def _check_namespace(namespace: object) -> str:
-    if not isinstance(namespace, str):
-        raise TypeError(f"namespace must be a str, got {namespace!r}")
-    return namespace
-
-
 class LocalDiscovery(Discovery, SingleUse):
     """Own a discovery namespace on this host for the lifetime of an ``async with`` block.
 
@@ -106,7 +100,7 @@ class LocalDiscovery(Discovery, SingleUse):
         teardown_timeout: float = 5.0,
     ) -> None:
         self._namespace = (
-            f"anywool-{uuid.uuid4().hex}" if namespace is None else _check_namespace(namespace)
+            f"anywool-{uuid.uuid4().hex}" if namespace is None else _validate.namespace(namespace)
         )
         if filter is not None and not callable(filter):
             raise TypeError(f"filter must be callable or None, got {filter!r}")
@@ -333,7 +327,7 @@ class LocalDiscovery(Discovery, SingleUse):
 
         def __init__(self, namespace: str, *, lock_timeout: float | None = 30.0,
                      teardown_timeout: float = 5.0) -> None:
-            self.namespace = _check_namespace(namespace)
+            self.namespace = _validate.namespace(namespace)
             self.lock_timeout = _validate.seconds("lock_timeout", lock_timeout, allow_zero=True, optional=True)
             self.teardown_timeout = _validate.duration("teardown_timeout", teardown_timeout,
                                                        allow_zero=True)
@@ -589,7 +583,7 @@ class LocalDiscovery(Discovery, SingleUse):
             ) -> DiscoverySubscriberLike: ...
 
         def __init__(self, namespace: str, *, poll_interval: float | None = None) -> None:
-            self.namespace = _check_namespace(namespace)
+            self.namespace = _validate.namespace(namespace)
             self.poll_interval = _validate.seconds("poll_interval", poll_interval, allow_zero=False, optional=True,
                                                 floor=_validate.MIN_INTERVAL)
 
