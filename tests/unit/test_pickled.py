@@ -138,3 +138,33 @@ def test_a_step_and_an_end_carry_their_pickles_too() -> None:
     assert _envelope.decode_end(_envelope.encode_end(None).join()) is None
     changes = _envelope.decode_end(_envelope.encode_end(dump({"v": b"e" * BIG})).join())
     assert changes is not None and loads_value(changes, "f", "") == {"v": b"e" * BIG}
+
+
+TRACE = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+         "tracestate": "k=v"}
+
+
+def test_a_call_and_a_step_carry_the_forward_flag_and_the_trace_context() -> None:
+    request = _envelope.decode_call(_envelope.encode_call(_envelope.CallRequest(
+        dump(1), "f", forward=False, trace=TRACE)).join())
+    assert (request.forward, request.trace) == (False, TRACE)
+    default = _envelope.decode_call(_envelope.encode_call(_envelope.CallRequest(
+        dump(1), "f")).join())
+    assert (default.forward, default.trace) == (True, None)
+    step = _envelope.decode_step(_envelope.encode_step(
+        _envelope.Step(dump(1), trace=TRACE)).join())
+    assert step.trace == TRACE
+
+
+@pytest.mark.parametrize("trace", [
+    ["traceparent"], {"traceparent": 1}, {1: "x"}, {f"k{i}": "v" for i in range(9)},
+    {"baggage": "b" * 8193},
+])
+def test_a_malformed_trace_context_is_an_error_of_its_call(trace: object) -> None:
+    payload = _envelope.encode_call(_envelope.CallRequest(dump(1), "f", trace=trace)).join()  # type: ignore[arg-type]
+    with pytest.raises(FrameError, match="trace context|undecodable"):
+        _envelope.decode_call(payload)
+    # At the limits: eight fields, a value of 8192 characters.
+    fine = {f"k{i}": "v" for i in range(7)} | {"baggage": "b" * 8192}
+    assert _envelope.decode_call(_envelope.encode_call(
+        _envelope.CallRequest(dump(1), "f", trace=fine)).join()).trace == fine

@@ -17,19 +17,23 @@ pack and 3 ms to unpack, a copy each way).
 
 Header fields by kind:
 
-* ``CALL``: ``[name, timeout, caller, origin_key, origin, plain, call, context]``. ``name`` the
+* ``CALL``: ``[name, timeout, caller, origin_key, origin, plain, forward, trace, call,
+  context]``. ``name`` the
   routine's qualified name; ``timeout`` the seconds left of the caller's deadline (``nil``:
   none); ``caller`` the id of the call this one is made from (a routine calling a routine;
   ``nil`` at the top); ``origin_key`` and ``origin`` identify and rebuild the proxy of the pool
   the call tree started from (``nil``: none travelled; ``origin`` is a small pickle, kept in
   the header as ``bin``); ``plain`` true for a plain function, called (by ``run_sync``) rather
-  than awaited; ``call`` the sections of the pickle of ``(routine, args, kwargs)``;
+  than awaited; ``forward`` true when the caller wants what the routine logs and prints sent
+  back to it (``OUTPUT`` frames); ``trace`` the caller's trace context as W3C header fields
+  (``traceparent``, ``tracestate``, ``baggage``: a map of str to str, ``nil``: none);
+  ``call`` the sections of the pickle of ``(routine, args, kwargs)``;
   ``context`` those of the pickled values of the caller's context variables (``nil``: none
   set). The pickle ``origin`` travels only until the connection has delivered it once: later
   calls carry ``origin_key`` alone, which the worker looks up among the last
   :data:`ORIGINS_KEPT` origins of that connection (:class:`Origins`).
-* ``ASEND``, ``ATHROW``, ``ACLOSE``: ``[value, timeout, context]``, the same for one step of an
-  async generator (``value``: the pickled value sent or exception thrown; one empty section for
+* ``ASEND``, ``ATHROW``, ``ACLOSE``: ``[timeout, trace, value, context]``, the same for one
+  step of an async generator (``value``: the pickled value sent or exception thrown; one empty section for
   ``ACLOSE``).
 * ``RETURN``, ``RESULT``, ``EXCEPTION``: ``[value, changes]``; ``END``: ``[changes]``, or an empty
   payload. ``changes`` is the pickle of the context variables the routine (or step) changed, or
@@ -159,6 +163,23 @@ def _optional_bytes(value: object, field: str) -> bytes | None:
     raise FrameError(f"{field} must be bytes or nil, got {type(value).__name__}")
 
 
+#: The most fields a trace context may have, and the longest value (W3C: ``tracestate`` is at
+#: most 512 characters, ``baggage`` 8192 bytes).
+_TRACE_FIELDS = 8
+_TRACE_VALUE_AT_MOST = 8192
+
+
+def _trace(value: object) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) > _TRACE_FIELDS or not all(
+            type(k) is str and type(v) is str and len(v) <= _TRACE_VALUE_AT_MOST
+            for k, v in value.items()):
+        raise FrameError(f"a trace context must be a map of at most {_TRACE_FIELDS} str fields "
+                         f"(values of at most {_TRACE_VALUE_AT_MOST} characters) or nil")
+    return cast(dict[str, str], value)
+
+
 def _timeout(value: object) -> float | None:
     if value is None:
         return None
@@ -179,6 +200,8 @@ class CallRequest:
     origin: Origin | None = None
     context: Pickled | None = None
     plain: bool = False
+    forward: bool = True
+    trace: dict[str, str] | None = None
 
 
 def encode_call(request: CallRequest, *, origin_known: bool = False) -> Parts:
@@ -186,7 +209,8 @@ def encode_call(request: CallRequest, *, origin_known: bool = False) -> Parts:
     connection delivered it whole before)."""
     key, blob = request.origin if request.origin is not None else (None, None)
     return _assemble([request.name, request.timeout, request.caller, key,
-                      None if origin_known else blob, request.plain],
+                      None if origin_known else blob, request.plain, request.forward,
+                      request.trace],
                      (request.call, request.context))
 
 
@@ -216,7 +240,8 @@ def decode_call(payload: Buffer, origins: Origins | None = None) -> CallRequest:
     :raises FrameError: the payload is not a call's header, or refers to an origin by a key
         ``origins`` does not hold.
     """
-    name, timeout, caller, key, blob, plain, call, context = _disassemble(payload, 8, 2, "call")
+    name, timeout, caller, key, blob, plain, forward, trace, call, context = _disassemble(
+        payload, 10, 2, "call")
     if call is None:
         raise FrameError("a call must carry its routine and arguments")
     if not isinstance(name, str):
@@ -240,7 +265,10 @@ def decode_call(payload: Buffer, origins: Origins | None = None) -> CallRequest:
         origin = (key, blob)
     if not isinstance(plain, bool):
         raise FrameError(f"a call's plain flag must be a bool, got {type(plain).__name__}")
-    return CallRequest(call, name, _timeout(timeout), caller, origin, context, plain)
+    if not isinstance(forward, bool):
+        raise FrameError(f"a call's forward flag must be a bool, got {type(forward).__name__}")
+    return CallRequest(call, name, _timeout(timeout), caller, origin, context, plain, forward,
+                       _trace(trace))
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +278,7 @@ class Step:
     value: Pickled
     timeout: float | None = None
     context: Pickled | None = None
+    trace: dict[str, str] | None = None
 
 
 #: The value of an ``ACLOSE`` step: nothing (one empty section).
@@ -257,15 +286,15 @@ NOTHING = Pickled([b""])
 
 
 def encode_step(step: Step) -> Parts:
-    return _assemble([step.timeout], (step.value, step.context))
+    return _assemble([step.timeout, step.trace], (step.value, step.context))
 
 
 def decode_step(payload: Buffer) -> Step:
     """:raises FrameError: the payload is not a step."""
-    timeout, value, context = _disassemble(payload, 3, 2, "step")
+    timeout, trace, value, context = _disassemble(payload, 4, 2, "step")
     if value is None:
         raise FrameError("a step must carry its value")
-    return Step(value, _timeout(timeout), context)
+    return Step(value, _timeout(timeout), context, _trace(trace))
 
 
 def encode_reply(value: Pickled, changes: Pickled | None = None) -> Parts:

@@ -24,7 +24,11 @@ Per call the worker answers ``Ack (Return | Result* (Exception | End)) | Excepti
   as its event loop reads it (so the client knows the worker took it, however long the routine
   takes to unwind), and still ends the call with ``EXCEPTION`` (a
   :class:`~anywool.errors.RoutineCancelled`), ``END`` or, when it had already finished,
-  whatever ended it (``RETURN`` included).
+  whatever ended it (``RETURN`` included);
+* ``OUTPUT`` (worker → client) carries what the routine logged or printed while the call ran
+  (see :mod:`anywool.runtime._output`); a call's output frames precede its last reply;
+* ``STATS`` asks a worker how it is doing (client → worker, with a call id of the client's
+  choosing, never a call's) and carries the answer back under the same id.
 
 How the bytes move. A frame is sent with one system call when the socket takes it at once: a
 small one (up to :data:`_JOIN_AT_MOST` bytes of payload) joined into one ``bytes`` with its
@@ -86,6 +90,8 @@ class Kind(enum.IntEnum):
     RETURN = 12
     CANCELLING = 13
     HELLO = 14
+    OUTPUT = 15
+    STATS = 16
 
 
 @dataclass(frozen=True, slots=True)
