@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     from anywool.runtime._context import ContextVar
     from anywool.runtime._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
     from anywool.runtime._local_worker import LocalWorker
+    from anywool.runtime._output import OutputLine
     from anywool.runtime._pool import WorkerPool
     from anywool.runtime._proxy import WorkerProxy
     from anywool.runtime._resolve import Factory, resolved
@@ -21,6 +22,7 @@ __all__ = [
     "LoadBalancerLike",
     "LocalWorker",
     "MutualTLS",
+    "OutputLine",
     "RoundRobinLoadBalancer",
     "RoutineTask",
     "SerializationWarning",
@@ -38,6 +40,7 @@ _WHERE = {
     "LoadBalancerLike": "anywool.runtime._loadbalancer",
     "LocalWorker": "anywool.runtime._local_worker",
     "MutualTLS": "anywool.runtime._auth",
+    "OutputLine": "anywool.runtime._output",
     "RoundRobinLoadBalancer": "anywool.runtime._loadbalancer",
     "RoutineTask": "anywool.runtime._routine",
     "SerializationWarning": "anywool.runtime._serializer",

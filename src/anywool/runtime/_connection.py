@@ -37,7 +37,7 @@ from anywool.errors import (
     SerializationError,
     WorkerError,
 )
-from anywool.runtime import _auth, _context, _ctrl_c, _socket, _wakeup
+from anywool.runtime import _auth, _context, _ctrl_c, _output, _socket, _wakeup
 from anywool.runtime import _envelope as envelope
 from anywool.runtime import _exceptions
 from anywool.runtime import _serializer as serializer
@@ -124,6 +124,11 @@ class WorkerConnection(SingleUse):
         no proxy; such routines cannot call routines).
     :param credentials: what to authenticate with to a TCP worker (see
         :mod:`anywool.runtime._auth`); unused for a Unix socket.
+    :param output: where what routines log and print goes (see :mod:`anywool.runtime._output`);
+        ``None``: calls ask the worker to keep it. A call made from a routine on a worker
+        forwards as the call it is made from does, and relays what it gets to that call.
+    :param identity: the worker's uid and pid, which its output is tagged with (``None``: not
+        known).
 
     Entering raises :class:`~anywool.errors.WorkerError` when the worker cannot be reached within
     ``connect_timeout``, :class:`~anywool.errors.AuthenticationError` when a TCP worker and
@@ -149,8 +154,12 @@ class WorkerConnection(SingleUse):
         on_unresponsive: Callable[[], object] | None = None,
         origin: Callable[[], Origin | None] | None = None,
         credentials: _auth.Credentials | None = None,
+        output: _output.Output | None = None,
+        identity: tuple[str | None, int | None] = (None, None),
     ) -> None:
         self.address = address
+        self._output = output
+        self._identity = identity
         self._credentials = credentials
         self._connect_timeout = connect_timeout
         self._cancel_timeout = cancel_timeout
@@ -337,6 +346,9 @@ class WorkerConnection(SingleUse):
         call = self._calls.get(frame.call_id)
         if call is None:
             return  # a call that already gave up (e.g. cancelled): drop its late frames
+        if frame.kind == Kind.OUTPUT:  # what its routine logged or printed (runtime._output)
+            self._output_of(call, frame)
+            return
         if frame.kind == Kind.CANCELLING:
             if call.finished:  # aborting: it waits for this (see _Call.abort)
                 call.deliver(frame)
@@ -356,6 +368,13 @@ class WorkerConnection(SingleUse):
         elif frame.kind in _TERMINAL:
             self._settle(call, ended=True)  # refused, failed to load, or ended
         call.deliver(frame)
+
+    def _output_of(self, call: _Call, frame: Frame) -> None:
+        output = self._output if call.relay is None else _RELAY
+        if output is not None:
+            uid, pid = self._identity
+            output.receive(frame.payload, [uid, self.address, pid, call.name, call.id],
+                           call.relay)
 
     def _settle(self, call: _Call, *, started: float | None = None,
                 ended: bool = False) -> None:
@@ -506,14 +525,18 @@ class WorkerConnection(SingleUse):
         """
         name = getattr(fn, "__qualname__", repr(fn))
         origin = None if self._origin is None else self._origin()
+        caller = _running_task_id()
+        # On a worker, the output of the call this one is made from is relayed, or not asked.
+        relay = None if caller is None else _output.current()
         request = CallRequest(
             serializer.dumps_value((fn, args, kwargs), name, "the arguments"),
             name,
             None if streaming else _seconds_left(),
-            _running_task_id(),
+            caller,
             origin,
             None if streaming else _dump_context(name),
             plain,
+            self._output is not None if caller is None else relay is not None,
         )
         known = origin is not None and origin[0] == self._origin_delivered
         payload = envelope.encode_call(request, origin_known=known)
@@ -528,6 +551,7 @@ class WorkerConnection(SingleUse):
             raise CallNotDelivered(self.address, self._failure or "not connected")
         call_id = next(self._ids)
         call = self._calls[call_id] = _Call(self, call_id, name, quiet_ack=not streaming)
+        call.relay = relay
         call.waiting = call.running = True
         self._unstarted += 1
         self._running += 1
@@ -629,7 +653,7 @@ class _Call:
     """
 
     __slots__ = ("connection", "id", "name", "finished", "accepted", "quiet_ack", "waiting",
-                 "running", "withdrawn", "sent_at", "_frames", "_arrived", "_lost")
+                 "running", "withdrawn", "sent_at", "relay", "_frames", "_arrived", "_lost")
 
     def __init__(self, connection: WorkerConnection, call_id: int, name: str, *,
                  quiet_ack: bool = False) -> None:
@@ -645,6 +669,9 @@ class _Call:
         self.running = False  # counted in the connection's outstanding calls
         self.withdrawn = False  # given up unstarted, and followed (see watch_withdrawn)
         self.sent_at = 0.0
+        # On a worker: the output sink of the call this one is made from, which its output goes
+        # to (runtime._output).
+        self.relay: _output.Sink | None = None
         self._frames: deque[Frame] = deque()
         self._arrived: Wakeup | None = None
         self._lost = False
@@ -962,6 +989,8 @@ async def drive_stream(
 
 
 _NONE = serializer.dump(None)
+# What relays a nested call's output (its receive() needs no emitter).
+_RELAY = _output.Output()
 
 
 class _Lost(Exception):

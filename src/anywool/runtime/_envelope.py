@@ -45,6 +45,16 @@ Header fields by kind:
   frame a worker sends on a connection. Keys a client does not know are ignored.
 * ``NACK``: empty when the worker is stopping, :data:`BUSY` when it is at its
   ``max_concurrency``.
+* ``OUTPUT``: what a routine logged or printed (see :mod:`anywool.runtime._output`): a msgpack
+  array of entries, each an array ``[kind, source, created, ...]``: ``source`` is ``nil``
+  from the worker that ran the routine (the frame's call names it), or ``[uid, address, pid,
+  routine, task]`` once a client hop relayed it (``uid`` and ``pid`` may be ``nil``);
+  ``created`` the worker's ``time.time()``. Then by kind: :data:`OUTPUT_RECORD` ``[name,
+  levelno, levelname, message, pathname, lineno, func, exc_text, stack_info, thread]``
+  (``exc_text``, ``stack_info`` and ``func`` may be ``nil``); :data:`OUTPUT_LINE`
+  ``[stream, text]`` (``stream`` ``"stdout"`` or ``"stderr"``, ``text`` without its newline);
+  :data:`OUTPUT_DROPPED` ``[count]``, how many entries the worker dropped for the call.
+  Nothing in it is pickled: a malformed one is dropped by its receiver, never fails a call.
 
 Encoders return :class:`~anywool.runtime._wire.Parts` (the pickles' pieces by reference, for
 ``FrameStream.send_parts``); decoders return each pickle as views of the payload they were
@@ -365,6 +375,65 @@ def decode_hello(payload: Buffer) -> int | None:
                               or bound < 1):
         raise FrameError(f"a hello's max_concurrency must be an int >= 1 or nil, got {bound!r}")
     return bound
+
+
+#: The kinds of an ``OUTPUT`` entry: a ``logging`` record, a line written to ``sys.stdout`` or
+#: ``sys.stderr``, a count of entries dropped.
+OUTPUT_RECORD, OUTPUT_LINE, OUTPUT_DROPPED = 0, 1, 2
+#: An entry as it travels: a msgpack-ready list (see the module docstring).
+OutputEntry = list[Any]
+_STREAMS = ("stdout", "stderr")
+_ENTRY_LENGTH = {OUTPUT_RECORD: 13, OUTPUT_LINE: 5, OUTPUT_DROPPED: 4}
+
+
+def encode_output(entries: list[OutputEntry]) -> bytes:
+    """The payload of an ``OUTPUT`` frame carrying ``entries``."""
+    return cast(bytes, _packb(entries))
+
+
+def decode_output(payload: Buffer) -> list[OutputEntry]:
+    """The entries of an ``OUTPUT`` payload, each checked for its kind's shape.
+
+    :raises FrameError: the payload, or one of its entries, is malformed.
+    """
+    try:
+        entries = msgpack.unpackb(payload, raw=False, max_bin_len=0, max_ext_len=0)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise FrameError(f"undecodable output ({exc})") from None
+    if type(entries) is not list:
+        raise FrameError("an output payload must be an array of entries")
+    for entry in entries:
+        _check_entry(entry)
+    return entries
+
+
+def _check_entry(entry: object) -> None:
+    if type(entry) is not list or not entry or entry[0] not in _ENTRY_LENGTH \
+            or len(entry) != _ENTRY_LENGTH[entry[0]]:
+        raise FrameError("an output entry must be an array [kind, source, created, ...] of "
+                         "its kind's length")
+    kind, source, created = entry[0], entry[1], entry[2]
+    if source is not None and not (
+            type(source) is list and len(source) == 5
+            and (source[0] is None or type(source[0]) is str) and type(source[1]) is str
+            and (source[2] is None or type(source[2]) is int) and type(source[3]) is str
+            and type(source[4]) is int):
+        raise FrameError("an output entry's source must be [uid, address, pid, routine, task] "
+                         "or nil")
+    if type(created) not in (float, int):
+        raise FrameError("an output entry's time must be a number")
+    if kind == OUTPUT_RECORD:
+        name, levelno, levelname, message, pathname, lineno, func, exc, stack, thread = \
+            entry[3:]
+        if not (type(name) is str and type(levelno) is int and type(levelname) is str
+                and type(message) is str and type(pathname) is str and type(lineno) is int
+                and all(v is None or type(v) is str for v in (func, exc, stack, thread))):
+            raise FrameError("a malformed output record")
+    elif kind == OUTPUT_LINE:
+        if entry[3] not in _STREAMS or type(entry[4]) is not str:
+            raise FrameError("an output line must be [\"stdout\" | \"stderr\", text]")
+    elif type(entry[3]) is not int or entry[3] < 1:
+        raise FrameError("an output drop count must be an int >= 1")
 
 
 def _pack_map(fields: dict[str, Any]) -> bytes:

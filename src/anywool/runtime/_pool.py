@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any
@@ -36,11 +36,12 @@ from anywool import _validate
 from anywool._owner import SingleUse, exit_task_group
 from anywool._teardown import Budget, ExitWithin
 from anywool.discovery import DiscoveryLike, DiscoveryPublisherLike, DiscoverySubscriberLike
-from anywool.runtime import _ctrl_c
+from anywool.runtime import _ctrl_c, _output
 from anywool.runtime._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
 from anywool.runtime._auth import MutualTLS
 from anywool.runtime._local_worker import LocalWorker, current_backend, tcp_endpoint
 from anywool.runtime._worker import MAX_CONCURRENCY
+from anywool.runtime._output import OutputLine
 from anywool.runtime._proxy import WorkerProxy
 from anywool.runtime._resolve import expected_names, is_factory, resolved
 
@@ -147,11 +148,21 @@ class WorkerPool(SingleUse):
         subscriber) given no secret of its own signs and verifies records with it too.
     :param tls: mutual TLS (:class:`~anywool.MutualTLS`) for TCP workers, instead of or
         besides the secret.
+    :param forward_output: whether what routines log and print comes back to this process
+        (default ``True``): their ``logging`` records are handled by its loggers (with the
+        worker and the call as ``anywool_*`` attributes), their lines go to ``on_output``; see
+        "Worker output at the caller" in the README. ``False``: it stays on the workers'
+        stderr.
+    :param on_output: called with each :class:`~anywool.OutputLine` (a line a routine wrote to
+        its ``sys.stdout`` or ``sys.stderr``), synchronously from the connection's reader: it
+        must not block; an exception it raises is logged once. ``None``: the line is written to
+        this process's ``sys.stderr`` as ``[routine uid8 pid N] text``.
     :raises TypeError: an argument has the wrong type, e.g. a ``discovery`` or ``loadbalancer``
         that is neither a protocol instance nor a Factory form, or a bare subscriber given to a
         spawning pool (checked at construction where the value says so, else at entry).
     :raises ValueError: an argument is out of range (the message names it and its value), or
-        ``host`` is given without credentials or to a pool that spawns nothing.
+        ``host`` is given without credentials or to a pool that spawns nothing, or
+        ``on_output`` is given with ``forward_output=False``.
 
     A TCP worker that rejects the pool's credentials (or has none to check) is not used; when
     no other worker is, dispatching raises its :class:`~anywool.errors.AuthenticationError`.
@@ -198,7 +209,12 @@ class WorkerPool(SingleUse):
         host: str | None = None,
         secret: bytes | str | None = None,
         tls: MutualTLS | None = None,
+        forward_output: bool = True,
+        on_output: Callable[[OutputLine], object] | None = None,
     ) -> None:
+        _output.check_options(forward_output, on_output)  # here: errors at construction
+        self._forward_output = forward_output
+        self._on_output = on_output
         self._spawn = None if spawn is None else _validate.count("spawn", spawn, upper=MAX_SPAWN)
         if host is not None and spawn is None and discovery is not None:
             raise ValueError(f"host={host!r} is where spawned workers listen, but this pool "
@@ -376,6 +392,8 @@ class WorkerPool(SingleUse):
             cancel_grace=self._cancel_grace,
             secret=None if self._credentials is None else self._credentials.secret,
             tls=None if self._credentials is None else self._credentials.tls,
+            forward_output=self._forward_output,
+            on_output=self._on_output,
         )
         self._proxy._set_own(self._own)
         self._proxy._end_worker = self._end_stuck

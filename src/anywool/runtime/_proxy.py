@@ -33,7 +33,7 @@ from anywool._owner import SingleUse, exit_task_group
 from anywool.discovery import DiscoveryEvent, DiscoverySubscriberLike, afilter
 from anywool.errors import AuthenticationError, NoWorkersAvailable, WorkerError
 from anywool.metadata import WorkerMetadata
-from anywool.runtime import _auth, _wakeup
+from anywool.runtime import _auth, _output, _wakeup
 from anywool.runtime import _serializer as serializer
 from anywool.runtime._connection import (
     CallNotDelivered,
@@ -44,6 +44,7 @@ from anywool.runtime._connection import (
 )
 from anywool.runtime._envelope import Origin
 from anywool.runtime._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
+from anywool.runtime._output import OutputLine
 from anywool.runtime._resolve import is_context_manager
 from anywool.runtime._routine import reset_active, set_active
 from anywool.runtime._wakeup import Wakeup
@@ -190,12 +191,22 @@ class WorkerProxy(SingleUse):
         the one its pool handed it).
     :param tls: mutual TLS (:class:`~anywool.MutualTLS`) for TCP workers (``None``: on a
         worker, its own).
+    :param forward_output: whether what routines log and print is sent back here (see
+        "Worker output at the caller" in the README): their ``logging`` records are handled
+        by this process's loggers, their lines go to ``on_output``. ``False``: it stays on the
+        workers' stderr. A routine's own calls to routines forward as its call does.
+    :param on_output: called with each :class:`~anywool.OutputLine` a routine writes
+        (synchronously, from the connection's reader: it must not block; an exception it
+        raises is logged once, and the line is lost); ``None``: the line is written to this
+        process's ``sys.stderr`` as ``[routine uid8 pid N] text``.
     :raises TypeError: the discovery is a class, a callable, or neither a subscriber nor a
         ``str`` (``discovery=`` takes no ``str``: a pool URI is positional); it is given both
         positionally and as ``discovery=``, or neither way; ``uri_tags`` are given with a
         subscriber or are not ``str``; ``loadbalancer`` is not a ``LoadBalancerLike`` instance;
-        ``tags`` is a ``str``; a count is not an ``int``.
-    :raises ValueError: a timeout or count is out of range, or ``secret`` is too short.
+        ``tags`` is a ``str``; a count is not an ``int``; ``forward_output`` is not a
+        ``bool``, or ``on_output`` neither callable nor ``None``.
+    :raises ValueError: a timeout or count is out of range, ``secret`` is too short, or
+        ``on_output`` is given with ``forward_output=False``.
 
     A TCP worker is used only once both sides have authenticated (see
     :mod:`anywool.runtime._auth`); one that fails is retried with backoff while it is
@@ -233,6 +244,8 @@ class WorkerProxy(SingleUse):
         cancel_grace: float = ...,
         secret: bytes | str | None = ...,
         tls: _auth.MutualTLS | None = ...,
+        forward_output: bool = ...,
+        on_output: Callable[[OutputLine], object] | None = ...,
     ) -> None: ...
 
     @overload
@@ -252,6 +265,8 @@ class WorkerProxy(SingleUse):
         cancel_grace: float = ...,
         secret: bytes | str | None = ...,
         tls: _auth.MutualTLS | None = ...,
+        forward_output: bool = ...,
+        on_output: Callable[[OutputLine], object] | None = ...,
     ) -> None: ...
 
     def __init__(
@@ -271,6 +286,8 @@ class WorkerProxy(SingleUse):
         cancel_grace: float = 1.0,
         secret: bytes | str | None = None,
         tls: _auth.MutualTLS | None = None,
+        forward_output: bool = True,
+        on_output: Callable[[OutputLine], object] | None = None,
     ) -> None:
         where = _one_discovery(subscriber_or_namespace, discovery)
         self._uri: str | None = None
@@ -316,6 +333,7 @@ class WorkerProxy(SingleUse):
         self._cancel_timeout = _validate.duration("cancel_timeout", cancel_timeout,
                                                   allow_zero=False)
         self._cancel_grace = _validate.duration("cancel_grace", cancel_grace, allow_zero=False)
+        self._output = _output.check_options(forward_output, on_output)
         # Set by a pool: ends one of its own workers, stuck (see cancel_grace).
         self._end_worker: Callable[[UUID], object] | None = None
         self._credentials = _auth.Credentials.resolve(secret, tls)
@@ -556,6 +574,8 @@ class WorkerProxy(SingleUse):
                     on_sent=self._on_sent,
                     origin=self._origin,
                     credentials=self._credentials,
+                    output=self._output,
+                    identity=(str(uid), admitted.metadata.pid),
                 )
                 try:
                     async with connection:

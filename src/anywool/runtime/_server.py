@@ -31,7 +31,7 @@ import anyio.lowlevel
 from anyio.abc import ByteStream
 
 from anywool.errors import PayloadTooLarge, RoutineAborted, RoutineCancelled, SerializationError
-from anywool.runtime import _context, _interrupt
+from anywool.runtime import _context, _interrupt, _output
 from anywool.runtime import _envelope as envelope
 from anywool.runtime import _exceptions
 from anywool.runtime import _serializer as serializer
@@ -125,7 +125,7 @@ _UNTRACKED = _Untracked()
 
 class _ServerCall:
     __slots__ = ("id", "scope", "frames", "name", "streaming", "protocol_error", "read_at",
-                 "deadline", "cancelled", "_step", "_arrived")
+                 "deadline", "cancelled", "output", "_step", "_arrived")
 
     def __init__(self, call_id: int, scope: Scope, frames: FrameStream) -> None:
         self.id = call_id
@@ -141,6 +141,7 @@ class _ServerCall:
         self.name = "<routine>"
         self.streaming: bool | None = None  # known once the routine is loaded
         self.protocol_error: str | None = None
+        self.output: _output.Sink | None = None  # what the routine logs and prints, forwarded
         # A client drives a generator one step at a time: one step frame can be pending, never
         # more (anything else is a protocol error, not a queue to grow).
         self._step: Frame | None = None
@@ -205,6 +206,8 @@ class Server:
         # group: each gets a ROOM frame when a call ends below the bound (its proxy then lets
         # one waiting call try), and is forgotten until refused again.
         self._waiting_for_room: dict[FrameStream, CallGroup] = {}
+        # Each connection's output forwarder (runtime._output), for the calls that forward.
+        self._forwarders: dict[FrameStream, _output.Forwarder] = {}
         self._on = f" on worker {address}"
         self._hello = envelope.encode_hello(max_concurrency)
 
@@ -267,6 +270,8 @@ class Server:
                 await frames.send(Frame(Kind.HELLO, 0, self._hello))
             except PEER_GONE:
                 return
+            self._forwarders[frames] = _output.Forwarder(
+                frames, tg.start_soon, _interrupt.Interrupter.call_soon_here())
             # Under asyncio the event loop routes the frames that arrive while this task
             # waits (a call's task is started from there: _callgroup's tasks need no parent
             # task), saving this task a wake-up per frame.
@@ -283,6 +288,7 @@ class Server:
             except Exception:
                 log.exception("dropping a connection after an unexpected error")
             self._waiting_for_room.pop(frames, None)
+            self._forwarders.pop(frames, None)
             tg.cancel_scope.cancel()  # the client is gone: cancel its calls
 
     def _route(
@@ -371,6 +377,8 @@ class Server:
             except (*PEER_GONE, FrameError):
                 pass
         finally:
+            if call.output is not None:
+                call.output.close()
             calls.pop(call.id, None)
             self.calls.discard(call)
             self.stop.finished()
@@ -408,6 +416,9 @@ class Server:
             # not: an interruption there would cut an import halfway).
             set_active(self.nested.dispatcher(request.origin, call.name))
             _interrupt.current.set(call)
+            if request.forward:  # what the routine logs and prints goes to its caller
+                call.output = self._forwarders[frames].sink(call.id)
+                call.output.open()
             if call.streaming:
                 await self._run_generator(frames, call, request.caller, body, args, kwargs)
             else:
@@ -571,6 +582,8 @@ class Server:
                            kind: Kind = Kind.RESULT) -> bool:
         """Send ``value`` as a ``RESULT`` (a generator's item) or ``RETURN`` (a coroutine's
         value, which ends the call); ``False`` when it failed the call instead."""
+        if call.output is not None and call.output.dirty:
+            await call.output.flush()  # the output first: the caller has it when it returns
         try:
             data = serializer.dumps_value(value, call.name, what, self._on)
             changes = self._changes(call, before)
@@ -591,6 +604,8 @@ class Server:
 
     async def _reply_end(self, frames: FrameStream, call: _ServerCall,
                          before: dict[str, Any] | None) -> None:
+        if call.output is not None and call.output.dirty:
+            await call.output.flush()
         try:
             changes = self._changes(call, before)
         except SerializationError as error:
@@ -613,6 +628,8 @@ class Server:
         What does not fit one frame is dropped, the least first: the changes (a note on the
         exception says so), then the exception itself (a ``RuntimeError`` naming it instead).
         """
+        if call.output is not None and call.output.dirty:
+            await call.output.flush()
         changes = None
         if not isinstance(before, _Untracked):
             try:

@@ -63,7 +63,7 @@ from anyio.streams.stapled import MultiListener
 from anywool import _interfaces, _secret
 from anywool._address import Address
 from anywool._errno import exhausted
-from anywool.runtime import _interrupt, _lifeline, _socket, _socket_dir
+from anywool.runtime import _interrupt, _lifeline, _output, _socket, _socket_dir
 from anywool.runtime import _serializer as serializer
 from anywool.runtime._nested import NestedProxies, idle_timeout_from_environment
 from anywool.runtime._server import REPLY_TIMEOUT, STOP_TAIL, Server
@@ -388,6 +388,8 @@ def main(argv: list[str] | None = None) -> None:
     credentials = _credentials(parser, options)
     _apply_parent_environment()
     logging.basicConfig(level=logging.WARNING, format="anywool.worker[%(process)d] %(message)s")
+    # What routines log and print goes to their callers (see runtime._output); the rest here.
+    _output.install()
     # Default SIGINT handling would raise KeyboardInterrupt; we want "drain" instead.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     serializer.take_interrupts_as_values()  # so only a value can raise one here
