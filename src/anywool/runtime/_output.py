@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Literal
 
 import anyio
+import anyio.lowlevel
 
 from anywool.runtime import _envelope as envelope
 from anywool.runtime._envelope import (
@@ -61,7 +62,7 @@ PENDING_BYTES_AT_MOST = 1 << 20
 TEXT_AT_MOST = 64 * 1024
 CUT_MARK = " [... cut at {} characters]"
 #: The most bytes of entries one ``OUTPUT`` frame carries (one entry larger goes alone).
-BATCH_AT_MOST = 64 * 1024
+BATCH_AT_MOST = 4 * 1024
 # What an entry costs besides its texts, counted against PENDING_BYTES_AT_MOST.
 _ENTRY_COST = 64
 
@@ -185,29 +186,26 @@ class Forwarder:
     def put(self, sink: Sink, entry: OutputEntry, size: int, *, force: bool = False) -> None:
         """Queue ``entry`` of ``sink``'s call, or count it dropped when the bound is reached
         (``force``: a drop count, queued regardless)."""
-        wake = False
         with self.lock:
+            sink.dirty = True
             if self._gone:
                 return
-            if not force and (len(self._entries) >= PENDING_AT_MOST
-                              or self._bytes + size > PENDING_BYTES_AT_MOST):
+            if (len(self._entries) >= PENDING_AT_MOST
+                    or self._bytes + size > PENDING_BYTES_AT_MOST) and not force:
                 sink.dropped += 1
-                sink.dirty = True
                 return
             self._entries.append((sink, entry, size))
             self._bytes += size
-            sink.dirty = True
-            if self._asleep:
-                self._asleep = False
-                wake = True
-        if wake:
-            if threading.get_ident() == self._loop_thread:
-                self._wake.set()
-            else:
-                try:
-                    self._call_soon(self._wake.set)
-                except Exception:  # the event loop is closed: nothing will be sent
-                    pass
+            if not self._asleep:
+                return
+            self._asleep = False
+        if threading.get_ident() == self._loop_thread:
+            self._wake.set()
+        else:
+            try:
+                self._call_soon(self._wake.set)
+            except Exception:  # the event loop is closed: nothing will be sent
+                pass
 
     async def _run(self) -> None:
         while not self._gone:
@@ -219,7 +217,7 @@ class Forwarder:
             if idle:
                 await self._wake.wait()
             try:
-                await self.send_pending()
+                await self.send_pending(yielding=True)
             except PEER_GONE:
                 return  # the connection's handler sees it too, and ends its calls
             except Exception:  # never into the connection's task group
@@ -228,9 +226,11 @@ class Forwarder:
                 self._give_up()
                 return
 
-    async def send_pending(self) -> None:
+    async def send_pending(self, *, yielding: bool = False) -> None:
         """Send the entries queued so far, in frames of one call each (one sender at a time,
-        so each call's entries keep their order).
+        so each call's entries keep their order); with ``yielding``, let other tasks run
+        between frames (the forwarder's own task: a routine that floods its output must not
+        hold the loop through it).
 
         :raises anyio.BrokenResourceError: and the rest of ``PEER_GONE``: the client is gone
             (everything pending is dropped).
@@ -259,6 +259,8 @@ class Forwarder:
                 except FrameError:  # an entry too large for a frame: it cannot go
                     log.warning("dropped %d output entries of a call: too large for a frame",
                                 len(batch))
+                if yielding:
+                    await anyio.lowlevel.checkpoint()
 
     def _give_up(self) -> None:
         with self.lock:
@@ -276,22 +278,31 @@ class _Capture(logging.Handler):
     nothing unpicklable travels). Records of anywool's own loggers stay on the worker."""
 
     def handle(self, record: logging.LogRecord) -> bool:  # type: ignore[override]
+        # Per record of a flood: kept lean (no lock of the handler's own: the forwarder's
+        # is enough).
         sink = _sink.get()
-        if sink is None or sink.closed or _own(record.name):
+        if sink is None or sink.closed:
             return False
+        name = record.name
+        if name[:7] == "anywool" and (len(name) == 7 or name[7] == "."):
+            return False  # anywool's own: the worker's diagnostics
         try:
             message = record.getMessage()
         except Exception as exc:  # as logging's own formatting would fail: say why, in place
             message = f"{record.msg!r} (formatting its arguments failed: {exc!r})"
+        size = len(message) + _ENTRY_COST
+        if size > TEXT_AT_MOST:
+            message = _cut(message)
         exc_text = record.exc_text
         if record.exc_info and not exc_text:
-            exc_text = _formatter.formatException(record.exc_info)
+            exc_text = _cut(_formatter.formatException(record.exc_info))
         stack = record.stack_info
-        size = len(message) + len(exc_text or "") + len(stack or "") + _ENTRY_COST
-        sink.put([OUTPUT_RECORD, None, record.created, record.name, record.levelno,
-                  record.levelname, _cut(message), record.pathname, record.lineno,
-                  record.funcName, None if exc_text is None else _cut(exc_text),
-                  None if stack is None else _cut(stack), record.threadName], size)
+        if exc_text is not None or stack is not None:
+            stack = None if stack is None else _cut(stack)
+            size += len(exc_text or "") + len(stack or "")
+        sink.forwarder.put(sink, [OUTPUT_RECORD, None, record.created, name, record.levelno,
+                                  record.levelname, message, record.pathname, record.lineno,
+                                  record.funcName, exc_text, stack, record.threadName], size)
         return True
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -443,24 +454,24 @@ class Output:
         if kind == OUTPUT_RECORD:
             name, levelno, levelname, message, pathname, lineno, func, exc, stack, thread = \
                 entry[3:]
-            logger = logging.getLogger(name)
+            logger = _loggers.get(name)
+            if type(logger) is not logging.Logger:  # none yet, a placeholder, or a subclass's
+                logger = logging.getLogger(name)
             if not logger.isEnabledFor(levelno):
                 return
-            record = logging.LogRecord(name, levelno, pathname, lineno, message, None, None,
-                                       func, stack)
-            record.levelname = levelname
-            record.relativeCreated += (created - record.created) * 1000
-            record.created = created
-            record.msecs = (created - int(created)) * 1000
-            record.exc_text = exc
-            record.threadName = thread
-            record.process = pid
-            record.processName = f"anywool-worker-{pid}"
-            record.anywool_worker = uid
-            record.anywool_address = address
-            record.anywool_pid = pid
-            record.anywool_routine = routine
-            record.anywool_task = task
+            # As logging.makeLogRecord makes one, without the cost of LogRecord.__init__ (a
+            # third of a record's way here), which would only be overwritten.
+            record = _new_record(logging.LogRecord)
+            record.__dict__ = {
+                "name": name, "msg": message, "args": None, "levelname": levelname,
+                "levelno": levelno, "pathname": pathname, "filename": _basename(pathname),
+                "module": _module(pathname), "exc_info": None, "exc_text": exc,
+                "stack_info": stack, "lineno": lineno, "funcName": func, "created": created,
+                "msecs": (created - int(created)) * 1000,
+                "relativeCreated": (created - _START) * 1000, "thread": None,
+                "threadName": thread, "processName": f"anywool-worker-{pid}", "process": pid,
+                "taskName": None, "anywool_worker": uid, "anywool_address": address,
+                "anywool_pid": pid, "anywool_routine": routine, "anywool_task": task}
             logger.handle(record)
         elif kind == OUTPUT_LINE:
             self.on_output(OutputLine(entry[3], entry[4], uid, address, pid, routine, task,
@@ -470,6 +481,22 @@ class Output:
                         "wrote faster than they could be sent (at most %d entries, %d bytes "
                         "wait to be sent)", entry[3], routine, task, uid or address,
                         PENDING_AT_MOST, PENDING_BYTES_AT_MOST)
+
+
+_new_record = object.__new__
+_loggers = logging.Logger.manager.loggerDict
+# What LogRecord.relativeCreated counts from: when logging was loaded.
+_START: float = getattr(logging, "_startTime", time.time())
+
+
+def _basename(path: str) -> str:
+    return path.rpartition("/")[2]
+
+
+def _module(path: str) -> str:
+    base = _basename(path)
+    stem, dot, _ = base.rpartition(".")
+    return stem if dot else base
 
 
 def _size(entry: OutputEntry) -> int:
