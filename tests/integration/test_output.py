@@ -121,6 +121,12 @@ async def marked(marker: str) -> None:
 
 
 @routine
+async def logs_then_raises() -> None:
+    log.warning("about to fail")
+    raise ValueError("failed")
+
+
+@routine
 async def huge_line() -> None:
     print("y" * (_output.TEXT_AT_MOST + 1000))
 
@@ -165,6 +171,11 @@ async def test_records_arrive_with_the_worker_and_the_call_at_the_callers_levels
             assert records.records[0].anywool_routine == "from_a_thread"  # type: ignore[attr-defined]
 
             records.records.clear()
+            with pytest.raises(ValueError, match="failed"):
+                await logs_then_raises()
+            assert records.messages() == ["about to fail"]  # sent before the exception
+
+            records.records.clear()
             async for i in items(3):
                 assert records.messages()[-1] == f"item {i}"  # sent before the item
             assert records.messages() == ["item 0", "item 1", "item 2"]
@@ -199,12 +210,15 @@ async def test_lines_go_to_the_callers_stderr_by_default_and_only_there(
     with anyio.fail_after(30):
         async with WorkerPool(spawn=1) as pool:
             pid = await prints()
+            await marked("dup1")
             uid = str(pool.workers[0].metadata.uid)
     err = capfd.readouterr().err  # the workers' stderr is this process's too
     prefix = f"[prints {uid[:8]} pid {pid}] "
     for text in ("one", "two", "three", "err"):
         assert f"{prefix}{text}\n" in err
-    assert err.count("one") == 1  # not also on the worker's own stderr
+    # Not also on the worker's own stderr: neither the lines nor the records.
+    assert err.count("one") == 1 and err.count("dup1 printed") == 1
+    assert "dup1 warned" not in err
 
 
 async def test_forward_output_false_leaves_it_on_the_workers_stderr(

@@ -1,0 +1,150 @@
+"""Issue 23, item 1: worker output at the caller, each promise broken on its own.
+
+The bounds on the worker (entries and bytes waiting, a line's length), the default and the off
+switch, the caller's level check, the output sent before the reply, the drop count said once,
+and the relay of a nested call's output to the outermost caller, all pinned in
+``tests/integration/test_output.py``.
+"""
+
+from mutate import Mutation
+
+OUTPUT = "tests/integration/test_output.py"
+RECORDS = f"{OUTPUT}::test_records_arrive_with_the_worker_and_the_call_at_the_callers_levels"
+LINES = f"{OUTPUT}::test_lines_arrive_whole_and_the_partial_last_one_at_the_end"
+DEFAULT = f"{OUTPUT}::test_lines_go_to_the_callers_stderr_by_default_and_only_there"
+OFF = f"{OUTPUT}::test_forward_output_false_leaves_it_on_the_workers_stderr"
+NESTED = f"{OUTPUT}::test_nested_calls_reach_the_outermost_caller_with_the_innermost_worker"
+FLOOD = f"{OUTPUT}::test_a_flood_is_bounded_and_its_drops_said_once"
+HOST = f"{OUTPUT}::test_an_anywool_worker_host_forwards_to_the_calling_pool"
+MODULE = "src/anywool/runtime/_output.py"
+
+MUTATIONS: list[Mutation] = [
+    Mutation(
+        name="output-worker-bound-entries",
+        path=MODULE,
+        old="if (len(self._entries) >= PENDING_AT_MOST\n",
+        new="if (len(self._entries) >= PENDING_AT_MOST * 2\n",
+        tests=(FLOOD,),
+        why="README: at most 4096 entries wait on a worker connection; beyond, dropped",
+    ),
+    Mutation(
+        name="output-worker-bound-bytes",
+        path=MODULE,
+        old="or self._bytes + size > PENDING_BYTES_AT_MOST) and not force:",
+        new="or self._bytes + size > PENDING_BYTES_AT_MOST * 2) and not force:",
+        tests=(FLOOD,),
+        why="README: at most 1 MiB of entries waits on a worker connection",
+    ),
+    Mutation(
+        name="output-line-not-cut",
+        path=MODULE,
+        old="    if len(text) <= TEXT_AT_MOST:\n        return text",
+        new="    if True:\n        return text",
+        tests=(LINES,),
+        why="README: a line (or a record's text) longer than 64 Ki characters is cut, marked",
+    ),
+    Mutation(
+        name="output-default-off-in-the-pool",
+        path="src/anywool/runtime/_pool.py",
+        old="forward_output: bool = True,",
+        new="forward_output: bool = False,",
+        tests=(RECORDS,),
+        why="README: forwarding is on by default",
+    ),
+    Mutation(
+        name="output-default-off-in-the-proxy",
+        path="src/anywool/runtime/_proxy.py",
+        old="        forward_output: bool = True,\n        on_output: Callable[[OutputLine], object] | None = None,\n    ) -> None:\n        where",
+        new="        forward_output: bool = False,\n        on_output: Callable[[OutputLine], object] | None = None,\n    ) -> None:\n        where",
+        tests=(HOST,),
+        why="README: forwarding is on by default (a WorkerProxy's too)",
+    ),
+    Mutation(
+        name="output-off-switch-ignored-by-the-caller",
+        path="src/anywool/runtime/_connection.py",
+        old="self._output is not None if caller is None else relay is not None,",
+        new="True if caller is None else relay is not None,",
+        tests=(OFF,),
+        why="README: forward_output=False leaves the output on the workers' stderr",
+    ),
+    Mutation(
+        name="output-off-switch-ignored-by-the-worker",
+        path="src/anywool/runtime/_server.py",
+        old="            if request.forward:  # what the routine logs and prints goes to its caller",
+        new="            if True:  # what the routine logs and prints goes to its caller",
+        tests=(OFF,),
+        why="README: forward_output=False leaves the output on the workers' stderr",
+    ),
+    Mutation(
+        name="output-worker-stderr-duplicates-forwarded-records",
+        path=MODULE,
+        old="    return current() is None or _own(record.name)",
+        new="    return True",
+        tests=(DEFAULT,),
+        why="README: what a call forwards is not also written on the worker's stderr",
+    ),
+    Mutation(
+        name="output-caller-level-unchecked",
+        path=MODULE,
+        old="            if not logger.isEnabledFor(levelno):\n                return\n",
+        new="",
+        tests=(RECORDS,),
+        why="README: the caller's levels decide (isEnabledFor before handle)",
+    ),
+    Mutation(
+        name="output-not-sent-before-the-return",
+        path="src/anywool/runtime/_server.py",
+        old="        if call.output is not None and call.output.dirty:\n            await call.output.flush()  # the output first",
+        new="        if False:\n            await call.output.flush()  # the output first",
+        tests=(RECORDS,),
+        why="README: a call's output is emitted at the caller by the time the call returns",
+    ),
+    Mutation(
+        name="output-not-sent-before-the-exception",
+        path="src/anywool/runtime/_server.py",
+        old="        if call.output is not None and call.output.dirty:\n            await call.output.flush()\n        changes = None",
+        new="        changes = None",
+        tests=(RECORDS,),
+        why="README: ... or raises",
+    ),
+    Mutation(
+        name="output-drops-said-per-line",
+        path=MODULE,
+        old='        else:\n            log.warning("%d lines of output',
+        new='        else:\n          for _ in range(entry[3]):\n            log.warning("%d lines of output',
+        tests=(FLOOD,),
+        why="README: what is dropped is counted and said once per call",
+    ),
+    Mutation(
+        name="output-drops-never-said",
+        path=MODULE,
+        old="        if dropped:\n            forwarder.put(",
+        new="        if False:\n            forwarder.put(",
+        tests=(FLOOD,),
+        why="README: what is dropped is counted and said once per call",
+    ),
+    Mutation(
+        name="output-nested-not-relayed",
+        path="src/anywool/runtime/_connection.py",
+        old="relay = None if caller is None else _output.current()",
+        new="relay = None",
+        tests=(NESTED,),
+        why="README: a routine's calls to routines forward to the outermost caller",
+    ),
+    Mutation(
+        name="output-nested-emitted-at-the-middle-worker",
+        path=MODULE,
+        old="            if relay is not None:\n                relay.put(entry, _size(entry))",
+        new="            if False:\n                relay.put(entry, _size(entry))",
+        tests=(NESTED,),
+        why="README: a routine's calls to routines forward to the outermost caller",
+    ),
+    Mutation(
+        name="output-nested-tagged-by-the-last-hop",
+        path=MODULE,
+        old="            if entry[1] is None:\n                entry[1] = source",
+        new="            if True:\n                entry[1] = source",
+        tests=(NESTED,),
+        why="README: output carries the worker that produced it, however deep the call",
+    ),
+]
