@@ -128,7 +128,7 @@ async def logs_then_raises() -> None:
 
 @routine
 async def huge_line() -> None:
-    print("y" * (_output.TEXT_AT_MOST + 1000))
+    print("y" * (_output.PENDING_BYTES_AT_MOST + 1000))  # cut: not dropped as too large
 
 
 async def test_records_arrive_with_the_worker_and_the_call_at_the_callers_levels(

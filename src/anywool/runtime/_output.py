@@ -120,7 +120,8 @@ class Sink:
             self._line(stream, line, now)
 
     def _line(self, stream: str, line: str, now: float) -> None:
-        self.put([OUTPUT_LINE, None, now, stream, _cut(line)], len(line) + _ENTRY_COST)
+        line = _cut(line)  # counted as sent: a huge line is cut, not dropped
+        self.put([OUTPUT_LINE, None, now, stream, line], len(line) + _ENTRY_COST)
 
     def end_lines(self) -> None:
         """Send the partial lines as lines (a call, or a generator's step, ends)."""
@@ -290,9 +291,9 @@ class _Capture(logging.Handler):
             message = record.getMessage()
         except Exception as exc:  # as logging's own formatting would fail: say why, in place
             message = f"{record.msg!r} (formatting its arguments failed: {exc!r})"
+        if len(message) > TEXT_AT_MOST:
+            message = _cut(message)  # counted as sent: a huge record is cut, not dropped
         size = len(message) + _ENTRY_COST
-        if size > TEXT_AT_MOST:
-            message = _cut(message)
         exc_text = record.exc_text
         if record.exc_info and not exc_text:
             exc_text = _cut(_formatter.formatException(record.exc_info))
