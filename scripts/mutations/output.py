@@ -16,6 +16,7 @@ OFF = f"{OUTPUT}::test_forward_output_false_leaves_it_on_the_workers_stderr"
 NESTED = f"{OUTPUT}::test_nested_calls_reach_the_outermost_caller_with_the_innermost_worker"
 FLOOD = f"{OUTPUT}::test_a_flood_is_bounded_and_its_drops_said_once"
 HOST = f"{OUTPUT}::test_an_anywool_worker_host_forwards_to_the_calling_pool"
+LIVE = f"{OUTPUT}::test_output_arrives_while_the_call_runs"
 MODULE = "src/anywool/runtime/_output.py"
 
 MUTATIONS: list[Mutation] = [
@@ -146,5 +147,21 @@ MUTATIONS: list[Mutation] = [
         new="            if True:\n                entry[1] = source",
         tests=(NESTED,),
         why="README: output carries the worker that produced it, however deep the call",
+    ),
+    Mutation(
+        name="output-forwarder-not-woken-in-the-loop",
+        path=MODULE,
+        old="        if threading.get_ident() == self._loop_thread:\n            self._wake.set()",
+        new="        if threading.get_ident() == self._loop_thread:\n            pass",
+        tests=(LIVE,),
+        why="README: output arrives while the call runs, not only at its end",
+    ),
+    Mutation(
+        name="output-forwarder-not-woken-from-a-thread",
+        path=MODULE,
+        old="                self._call_soon(self._wake.set)",
+        new="                pass",
+        tests=(LIVE,),
+        why="a routine's threads' output arrives while the call runs (the loop is woken)",
     ),
 ]

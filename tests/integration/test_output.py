@@ -127,6 +127,15 @@ async def logs_then_raises() -> None:
 
 
 @routine
+async def talks_then_waits(text: str, in_a_thread: bool) -> None:
+    if in_a_thread:
+        await anyio.to_thread.run_sync(print, text)  # the loop is woken from there
+    else:
+        print(text)
+    await anyio.sleep(60)  # the forwarder sends it meanwhile
+
+
+@routine
 async def huge_line() -> None:
     print("y" * (_output.PENDING_BYTES_AT_MOST + 1000))  # cut: not dropped as too large
 
@@ -203,6 +212,30 @@ async def test_lines_arrive_whole_and_the_partial_last_one_at_the_end() -> None:
             [line] = lines
             assert line.text == "y" * _output.TEXT_AT_MOST + _output.CUT_MARK.format(
                 _output.TEXT_AT_MOST)
+
+
+async def test_output_arrives_while_the_call_runs() -> None:
+    arrived: list[str] = []
+    changed = anyio.Event()
+
+    def on_output(line: OutputLine) -> None:
+        nonlocal changed
+        arrived.append(line.text)
+        changed.set()
+        changed = anyio.Event()
+
+    with anyio.fail_after(30):
+        async with WorkerPool(spawn=1, on_output=on_output):
+            # The first call starts the forwarder's task, which finds the line waiting; the
+            # others wake it.
+            for text, in_a_thread in (("first", False), ("from the loop", False),
+                                      ("from a thread", True)):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(talks_then_waits, text, in_a_thread)
+                    while text not in arrived:
+                        await changed.wait()
+                    tg.cancel_scope.cancel()
+    assert arrived == ["first", "from the loop", "from a thread"]
 
 
 async def test_lines_go_to_the_callers_stderr_by_default_and_only_there(
