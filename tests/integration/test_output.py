@@ -15,9 +15,12 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from anywool import OutputLine, WorkerPool, WorkerProxy, routine
+from anywool import LocalWorker, OutputLine, WorkerPool, WorkerProxy, routine
 from anywool.discovery.local import LocalDiscovery
+from anywool.lowlevel import WorkerConnection
 from anywool.runtime import _output
+from anywool.runtime._connection import drive_stream
+from anywool.runtime._wire import Frame, Kind
 
 from .children import stop
 from .test_worker_command import host
@@ -188,6 +191,36 @@ async def test_records_arrive_with_the_worker_and_the_call_at_the_callers_levels
             async for i in items(3):
                 assert records.messages()[-1] == f"item {i}"  # sent before the item
             assert records.messages() == ["item 0", "item 1", "item 2"]
+
+
+async def test_a_calls_output_precedes_each_of_its_replies_on_the_stream() -> None:
+    # What "emitted by the time the call returns" rests on, seen on the wire: the frames as the
+    # connection's reader routes them (a record sent just after the reply could still be
+    # emitted before the caller resumes, when both arrive in one read).
+    routed: list[Kind] = []
+    ends = {Kind.OUTPUT, Kind.RETURN, Kind.EXCEPTION, Kind.RESULT, Kind.END}
+    with anyio.fail_after(30):
+        async with LocalWorker() as worker:
+            connection = WorkerConnection(worker.address, output=_output.Output())
+            route = connection._route
+
+            def recording(frame: Frame) -> None:
+                if frame.kind in ends:
+                    routed.append(frame.kind)
+                route(frame)
+
+            connection._route = recording  # type: ignore[method-assign]
+            async with connection:
+                await connection.call(chatty, (1,), {})
+                assert routed == [Kind.OUTPUT, Kind.RETURN]
+                routed.clear()
+                with pytest.raises(ValueError):
+                    await connection.call(logs_then_raises, (), {})
+                assert routed == [Kind.OUTPUT, Kind.EXCEPTION]
+                routed.clear()
+                assert [i async for i in drive_stream(
+                    lambda: connection.stream(items, (2,), {}))] == [0, 1]
+                assert routed == [Kind.OUTPUT, Kind.RESULT, Kind.OUTPUT, Kind.RESULT, Kind.END]
 
 
 async def test_lines_arrive_whole_and_the_partial_last_one_at_the_end() -> None:
