@@ -68,3 +68,12 @@ def points() -> dict:
                         value = point.value  # type: ignore[attr-defined]
                     found.setdefault(metric.name, []).append([dict(point.attributes), value])
     return found
+
+
+def _at_exit() -> None:
+    _write({"metrics": points()})
+
+
+import atexit  # noqa: E402  (registered after the MeterProvider's own: runs before its shutdown)
+
+atexit.register(_at_exit)
