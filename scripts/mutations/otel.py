@@ -77,9 +77,10 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="otel-context-sent-without-provider",
         path=_CONNECTION,
-        old="""        trace = None if _telemetry.state is None else _telemetry.carry()""",
-        new="""        trace = _telemetry.carry() or {
-            "traceparent": "00-0000000000000000000000000000abcd-00000000000000ab-01"}""",
+        old="""        client, trace = (None, None) if _telemetry.state is None else _telemetry.sending(""",
+        new="""        client, trace = (None, {
+            "traceparent": "00-0000000000000000000000000000abcd-00000000000000ab-01"}
+        ) if _telemetry.state is None else _telemetry.sending(""",
         tests=(f"{_TESTS}::test_no_trace_context_is_sent_without_a_provider",),
         why="issue 23: leave trace nil when there is nothing to carry",
     ),

@@ -340,8 +340,7 @@ class WorkerConnection(SingleUse):
             self._refused = True
             self._roomy = False
             if _telemetry.state is not None:  # telemetry: a refusal
-                refused = self._calls.get(frame.call_id)
-                _telemetry.state.refused(refused and refused.name, self.attributes)
+                _telemetry.state.refused(self._calls.get(frame.call_id), self.attributes)
         call = self._calls.get(frame.call_id)
         if call is None:
             return  # a call that already gave up (e.g. cancelled): drop its late frames
@@ -516,7 +515,9 @@ class WorkerConnection(SingleUse):
         """
         name = getattr(fn, "__qualname__", repr(fn))
         origin = None if self._origin is None else self._origin()
-        trace = None if _telemetry.state is None else _telemetry.carry()
+        call_id = next(self._ids)  # before the trace context, whose span names it
+        client, trace = (None, None) if _telemetry.state is None else _telemetry.sending(
+            call_id, self.attributes)
         request = CallRequest(
             serializer.dumps_value((fn, args, kwargs), name, "the arguments"),
             name,
@@ -538,10 +539,8 @@ class WorkerConnection(SingleUse):
             raise PayloadTooLarge(f"the call to {name}", size, limit)
         if self._failure is not None or self._frames is None:
             raise CallNotDelivered(self.address, self._failure or "not connected")
-        call_id = next(self._ids)
         call = self._calls[call_id] = _Call(self, call_id, name, quiet_ack=not streaming)
-        if trace is not None:
-            call.telemetry = _telemetry.delivered(call_id, self.attributes)
+        call.telemetry = client
         call.waiting = call.running = True
         self._unstarted += 1
         self._running += 1

@@ -68,6 +68,10 @@ _client: ContextVar[ClientCall | None] = ContextVar("anywool_client_call", defau
 
 # The proxies whose workers are counted by the workers gauge (see watch()).
 _proxies: set[Any] = set()
+# Calls in flight by (routine, namespace), at the caller and in the worker: plain counts that
+# the metric reader observes (an UpDownCounter's add costs as much as a histogram's record).
+_client_active: dict[tuple[str, str | None], int] = {}
+_server_active: dict[tuple[str, str | None], int] = {}
 
 
 def current() -> Telemetry | None:
@@ -163,26 +167,20 @@ def _is_cancellation(exc: BaseException) -> bool:
 # -- the hooks on the hot path (each called only when `state` is not None) ---------------------
 
 
-def carry() -> dict[str, str] | None:
-    """The trace context a call made now carries (``None``: nothing to carry)."""
-    telemetry = state
+def sending(call_id: int, attributes: Mapping[str, str]
+            ) -> tuple[ClientCall | None, dict[str, str] | None]:
+    """A call about to go as ``call_id`` to the worker ``attributes`` describe: the client
+    call the current task makes, if any (told where it goes), and the trace context the call
+    carries (``None``: nothing to carry)."""
+    client = _client.get()
+    if client is not None:
+        return client, client.send(call_id, attributes)
+    telemetry = state  # a bare connection's call: the current context, if traced
     if telemetry is None or telemetry.tracer is None:
-        return None
+        return None, None
     carrier: dict[str, str] = {}
     telemetry.inject(carrier)
-    return carrier or None
-
-
-def delivered(call_id: int, attributes: Mapping[str, str] | None) -> ClientCall | None:
-    """The client call the current task makes, if any, told that it goes as ``call_id`` to the
-    worker described by ``attributes``."""
-    client = _client.get()
-    if client is not None and client.span is not None:
-        span = client.span
-        span.set_attribute("anywool.call.id", call_id)
-        if attributes:
-            span.set_attributes(attributes)
-    return client
+    return None, carrier or None
 
 
 class Telemetry:
@@ -212,12 +210,12 @@ class Telemetry:
             meter, "anywool.client.call.queue_wait",
             "How long a call waited in the worker between its frame being read and its start "
             "(what the worker's ACK reports).")
-        self.client_active = meter.create_up_down_counter(
-            "anywool.client.call.active", unit="{call}", description="Calls in flight, at the "
-            "caller.")
-        self.server_active = meter.create_up_down_counter(
-            "anywool.server.call.active", unit="{call}", description="Calls in flight, in the "
-            "worker.")
+        meter.create_observable_up_down_counter(
+            "anywool.client.call.active", callbacks=[_observer(_client_active)], unit="{call}",
+            description="Calls in flight, at the caller.")
+        meter.create_observable_up_down_counter(
+            "anywool.server.call.active", callbacks=[_observer(_server_active)], unit="{call}",
+            description="Calls in flight, in the worker.")
         self.refusals = meter.create_counter(
             "anywool.client.call.refused", unit="{call}",
             description="Calls a worker refused because it ran its max_concurrency calls.")
@@ -235,10 +233,12 @@ class Telemetry:
                address: str) -> ServerCall:
         return ServerCall(self, name, kind, trace, call_id, address)
 
-    def refused(self, name: str | None, attributes: Mapping[str, str] | None) -> None:
+    def refused(self, call: Any, attributes: Mapping[str, str] | None) -> None:
+        """A worker refused ``call`` (a connection's ``_Call``, if it is still known) as
+        busy."""
         if self.meter is not None:
-            self.refusals.add(1, _metric_attributes(name, attributes))
-        client = _client.get()
+            self.refusals.add(1, _metric_attributes(call and call.name, attributes))
+        client = None if call is None else call.telemetry
         if client is not None and client.span is not None:
             client.span.add_event("anywool.refused", dict(attributes or {}))
 
@@ -272,6 +272,21 @@ def _metric_attributes(name: str | None, attributes: Mapping[str, str] | None
     return result
 
 
+def _observer(counts: dict[tuple[str, str | None], int]) -> Any:
+    def observe(options: Any) -> Iterable[Any]:
+        from opentelemetry.metrics import Observation
+
+        observations = []
+        for (name, namespace), count in dict(counts).items():  # copied atomically
+            attributes = {"rpc.system.name": SYSTEM, "rpc.method": name}
+            if namespace is not None:
+                attributes["anywool.namespace"] = namespace
+            observations.append(Observation(count, attributes))
+        return observations
+
+    return observe
+
+
 def _observe_workers(options: Any) -> Iterable[Any]:
     from opentelemetry.metrics import Observation
 
@@ -294,30 +309,57 @@ class ClientCall:
     """One call at the caller: its CLIENT span (when tracing), its duration and in-flight
     count (when metering).
 
-    A coroutine's call is a context manager around its dispatch (:meth:`attached` with
-    ``finish``); a stream's span is current only while its call is being opened, and is
-    finished by whoever drives the stream (:meth:`finish`), never held across a ``yield``.
+    The span starts when the call is first sent (:meth:`send`, from the connection, which
+    knows the worker and the call id), dated back to this object's creation so that it covers
+    the wait for a worker too; it is never made current in the caller's task (nothing runs
+    there meanwhile: the call's context travels explicitly). A coroutine's call is a context
+    manager around its dispatch (:meth:`attached` with ``finish``); a stream is finished by
+    whoever drives it (:meth:`finish`).
     """
 
-    __slots__ = ("telemetry", "span", "start", "attributes", "finished")
+    __slots__ = ("telemetry", "span", "start", "started_ns", "name", "kind", "attributes",
+                 "key", "finished")
 
     def __init__(self, telemetry: Telemetry, name: str, kind: str, namespace: str | None) -> None:
         self.telemetry = telemetry
         self.finished = False
+        self.name = name
+        self.kind = kind
         attributes = self.attributes = {"rpc.system.name": SYSTEM, "rpc.method": name}
         if namespace is not None:
             attributes["anywool.namespace"] = namespace
-        if telemetry.meter is not None:
-            telemetry.client_active.add(1, attributes)
-        self.span = None if telemetry.tracer is None else telemetry.tracer.start_span(
-            name, kind=telemetry.client_kind, attributes={
-                **attributes, "rpc.system": SYSTEM, "anywool.call.kind": kind})
+        key = self.key = (name, namespace)
+        _client_active[key] = _client_active.get(key, 0) + 1
+        self.span: Any = None
+        self.started_ns = time.time_ns()
         self.start = time.perf_counter()
 
     def attached(self, *, finish: bool = False) -> _Attached:
-        """A context manager making this call current (its span, for the trace context the
-        call carries); with ``finish``, the call ends with it."""
+        """A context manager making this the call the current task makes (for the connection,
+        see :func:`sending`); with ``finish``, the call ends with it."""
         return _Attached(self, finish)
+
+    def _start(self, attributes: Mapping[str, Any]) -> Any:
+        telemetry = self.telemetry
+        span = self.span = telemetry.tracer.start_span(
+            self.name, kind=telemetry.client_kind, start_time=self.started_ns, attributes={
+                **self.attributes, "anywool.call.kind": self.kind, **attributes})
+        return span
+
+    def send(self, call_id: int, attributes: Mapping[str, str]) -> dict[str, str] | None:
+        """The trace context of this call, sent now as ``call_id`` to the worker
+        ``attributes`` describe (again, after a refusal: its attributes are updated)."""
+        telemetry = self.telemetry
+        if telemetry.tracer is None:
+            return None
+        span = self.span
+        if span is None:
+            span = self._start({**attributes, "anywool.call.id": call_id})
+        else:
+            span.set_attributes({**attributes, "anywool.call.id": call_id})
+        carrier: dict[str, str] = {}
+        telemetry.inject(carrier, context=telemetry.in_context(span))
+        return carrier or None
 
     def carry_step(self) -> dict[str, str] | None:
         """The trace context a step of this stream carries: its span, the current baggage."""
@@ -334,9 +376,12 @@ class ClientCall:
         if self.finished:
             return
         self.finished = True
+        _client_active[self.key] -= 1
         telemetry = self.telemetry
         attributes = self.attributes
         span = self.span
+        if span is None and telemetry.tracer is not None:
+            span = self._start({})  # never sent: its span says why
         if exc is not None:
             if _is_cancellation(exc):
                 if span is not None:
@@ -349,31 +394,24 @@ class ClientCall:
                     span.record_exception(exc)
                     span.set_status(telemetry.Status(telemetry.error, f"{kind}: {exc}"[:500]))
         if telemetry.meter is not None:
-            telemetry.client_active.add(-1, self.attributes)
             telemetry.client_duration.record(time.perf_counter() - self.start, attributes)
         if span is not None:
             span.end()
 
 
 class _Attached:
-    __slots__ = ("client", "finish", "token", "reset")
+    __slots__ = ("client", "finish", "reset")
 
     def __init__(self, client: ClientCall, finish: bool) -> None:
         self.client = client
         self.finish = finish
-        self.token: Any = None
 
     def __enter__(self) -> ClientCall:
-        client = self.client
-        if client.span is not None:
-            self.token = client.telemetry.attach(client.telemetry.in_context(client.span))
-        self.reset = _client.set(client)
-        return client
+        self.reset = _client.set(self.client)
+        return self.client
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         _client.reset(self.reset)
-        if self.token is not None:
-            self.client.telemetry.detach(self.token)
         if self.finish or exc is not None:
             self.client.finish(exc)
 
@@ -382,7 +420,8 @@ class ServerCall:
     """One call in the worker: its SERVER span, current in the call's task from its creation
     to :meth:`finish` (which must run in that task), and its duration and in-flight count."""
 
-    __slots__ = ("telemetry", "span", "token", "start", "attributes", "cancelled", "failed_as")
+    __slots__ = ("telemetry", "span", "token", "start", "attributes", "key", "cancelled",
+                 "failed_as")
 
     def __init__(self, telemetry: Telemetry, name: str, kind: str,
                  trace: dict[str, str] | None, call_id: int, address: str) -> None:
@@ -393,14 +432,14 @@ class ServerCall:
         namespace = worker.get("anywool.namespace")
         if namespace is not None:
             attributes["anywool.namespace"] = namespace
-        if telemetry.meter is not None:
-            telemetry.server_active.add(1, attributes)
+        key = self.key = (name, namespace)
+        _server_active[key] = _server_active.get(key, 0) + 1
         self.span = self.token = None
         if telemetry.tracer is not None:
             parent = None if trace is None else telemetry.extract(trace)
             span = self.span = telemetry.tracer.start_span(
                 name, context=parent, kind=telemetry.server_kind, attributes={
-                    **attributes, **worker, "rpc.system": SYSTEM, "anywool.call.kind": kind,
+                    **attributes, **worker, "anywool.call.kind": kind,
                     "anywool.call.id": call_id, "anywool.worker.address": address})
             self.token = telemetry.attach(telemetry.in_context(span, parent))
         self.start = time.perf_counter()
@@ -438,9 +477,9 @@ class ServerCall:
 
     def finish(self) -> None:
         telemetry = self.telemetry
+        _server_active[self.key] -= 1
         if telemetry.meter is not None:
             attributes = self.attributes
-            telemetry.server_active.add(-1, attributes)
             if self.failed_as is not None:
                 attributes = {**attributes, "error.type": self.failed_as}
             telemetry.server_duration.record(time.perf_counter() - self.start, attributes)
