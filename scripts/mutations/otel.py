@@ -84,4 +84,12 @@ MUTATIONS: list[Mutation] = [
         tests=(f"{_TESTS}::test_no_trace_context_is_sent_without_a_provider",),
         why="issue 23: leave trace nil when there is nothing to carry",
     ),
+    Mutation(
+        name="otel-step-context-not-carried",
+        path=_CONNECTION,
+        old="""        trace = None if self.telemetry is None else self.telemetry.carry_step()""",
+        new="""        trace = None""",
+        tests=(f"{_TESTS}::test_each_step_carries_the_callers_baggage",),
+        why="issue 23: the trace context travels in every generator step",
+    ),
 ]

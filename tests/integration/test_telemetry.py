@@ -75,6 +75,15 @@ def triple(x: int) -> int:
     return 3 * x
 
 
+@routine
+async def baggage_seen(steps: int):
+    """Yields, at each step, the baggage item "k" the step runs with."""
+    from opentelemetry import baggage
+
+    for _ in range(steps):
+        yield baggage.get_baggage("k")
+
+
 @dataclass
 class Otel:
     """The test process's exporters, and the file its workers write to."""
@@ -268,6 +277,23 @@ async def test_stream_is_one_span_and_its_steps_carry_the_context(otel: Otel) ->
     assert count == 1
 
 
+async def test_each_step_carries_the_callers_baggage(otel: Otel) -> None:
+    from opentelemetry import baggage, context
+
+    seen = []
+    with anyio.fail_after(30):
+        async with WorkerPool(spawn=1):
+            stream = baggage_seen(2)
+            for value in ("first", "second"):
+                token = context.attach(baggage.set_baggage("k", value))
+                try:
+                    seen.append(await stream.__anext__())
+                finally:
+                    context.detach(token)
+            await stream.aclose()
+    assert seen == ["first", "second"]
+
+
 async def test_busy_refusal_is_counted(otel: Otel, tmp_path: Path) -> None:
     with anyio.fail_after(30):
         async with WorkerPool(spawn=1, max_concurrency=1) as pool, Signal() as signal:
@@ -315,6 +341,18 @@ async def test_no_trace_context_is_sent_without_a_provider(worker_otel: Path) ->
     otel = Otel(InMemorySpanExporter(), InMemoryMetricReader(), worker_otel)
     server = _by_name(otel.worker_spans(), "inner", "SERVER")
     assert server["parent_id"] is None
+
+
+async def test_a_worker_setup_module_that_fails_fails_the_start(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from anywool.errors import WorkerError
+    from anywool.runtime._local_worker import LocalWorker
+
+    monkeypatch.setenv("ANYWOOL_WORKER_IMPORT", "tests.integration.no_such_setup_module")
+    with anyio.fail_after(30), pytest.raises(WorkerError) as info:
+        async with LocalWorker():
+            pass
+    assert "no_such_setup_module" in str(info.value)
 
 
 def test_without_opentelemetry_calls_work_and_nothing_is_imported(tmp_path: Path) -> None:
