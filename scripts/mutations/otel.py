@@ -47,7 +47,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="otel-refusal-not-counted",
         path=_TELEMETRY,
-        old="""            self.refusals.add(1, _metric_attributes(name, attributes))""",
+        old="""            self.refusals.add(1, _metric_attributes(call and call.name, attributes))""",
         new="""            pass""",
         tests=(f"{_TESTS}::test_busy_refusal_is_counted",),
         why="issue 23: admission refusals are a metric",
