@@ -383,7 +383,6 @@ class WorkerProxy(SingleUse):
         await task_group.__aenter__()
         task_group.start_soon(self._sentinel, name="anywool-proxy-sentinel")
         self._active = True
-        _telemetry.watch(self)
         if not self._lazy:
             try:
                 await self._wait_for_quorum(at_entry=True)
@@ -392,6 +391,7 @@ class WorkerProxy(SingleUse):
                 await self._close()
                 raise
         self._token = set_active(self)
+        _telemetry.watch(self)  # its workers counted until it deactivates
         return self
 
     async def __aexit__(
