@@ -16,10 +16,12 @@ later API drop them, the public functions are used instead.
 
 What a call records (names in the README, "Tracing and metrics"):
 
-* a CLIENT span per call at the caller (a stream: one span from its first step to its end), in
-  whose context the CALL carries the W3C trace context (``traceparent``, ``tracestate``,
-  ``baggage``); each step of a stream carries the stream's span with the caller's current
-  baggage;
+* a CLIENT span per call at the caller (a stream: one span from its first step to its end),
+  child of the caller's current span; it starts when the call is sent, dated back to the
+  dispatch (waits for a worker included), and is never made current in the caller's task:
+  the CALL carries it explicitly as the W3C trace context (``traceparent``, ``tracestate``,
+  ``baggage``); each step of a stream carries the stream's span with the caller's baggage at
+  that step;
 * a SERVER span per call in the worker, child of the carried context, current in the call's
   own task (contextvars: asyncio and trio alike) for the whole call, so the calls a routine
   makes are its children; a generator's step runs with the server span current and that
@@ -27,8 +29,9 @@ What a call records (names in the README, "Tracing and metrics"):
 * the durations, calls in flight, busy refusals, queue waits, workers by state and discovery
   events as metrics.
 
-What this module must never do: import ``opentelemetry`` by itself, raise into a call (a
-failing exporter is the SDK's to log), or hold a span's context across a ``yield``.
+What this module must never do: import ``opentelemetry`` by itself, or hold a span's context
+across a ``yield``. (A span processor or exporter that raises is the SDK's to contain; the
+SDK's own processors log.)
 """
 
 from __future__ import annotations
