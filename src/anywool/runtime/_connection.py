@@ -37,7 +37,7 @@ from anywool.errors import (
     SerializationError,
     WorkerError,
 )
-from anywool.runtime import _auth, _context, _ctrl_c, _output, _socket, _wakeup
+from anywool.runtime import _auth, _context, _ctrl_c, _output, _socket, _telemetry, _wakeup
 from anywool.runtime import _envelope as envelope
 from anywool.runtime import _exceptions
 from anywool.runtime import _serializer as serializer
@@ -129,6 +129,9 @@ class WorkerConnection(SingleUse):
         forwards as the call it is made from does, and relays what it gets to that call.
     :param identity: the worker's uid and pid, which its output is tagged with (``None``: not
         known).
+    :param attributes: what the spans and metrics of this connection's calls say about the
+        worker (``anywool.worker.uid``, ``anywool.worker.address``, ``anywool.namespace``; see
+        :mod:`anywool.runtime._telemetry`).
 
     Entering raises :class:`~anywool.errors.WorkerError` when the worker cannot be reached within
     ``connect_timeout``, :class:`~anywool.errors.AuthenticationError` when a TCP worker and
@@ -156,10 +159,12 @@ class WorkerConnection(SingleUse):
         credentials: _auth.Credentials | None = None,
         output: _output.Output | None = None,
         identity: tuple[str | None, int | None] = (None, None),
+        attributes: dict[str, str] | None = None,
     ) -> None:
         self.address = address
         self._output = output
         self._identity = identity
+        self.attributes = attributes or {"anywool.worker.address": address}
         self._credentials = credentials
         self._connect_timeout = connect_timeout
         self._cancel_timeout = cancel_timeout
@@ -343,6 +348,8 @@ class WorkerConnection(SingleUse):
         if frame.kind == Kind.NACK and frame.payload == envelope.BUSY:
             self._refused = True
             self._roomy = False
+            if _telemetry.state is not None:  # telemetry: a refusal
+                _telemetry.state.refused(self._calls.get(frame.call_id), self.attributes)
         call = self._calls.get(frame.call_id)
         if call is None:
             return  # a call that already gave up (e.g. cancelled): drop its late frames
@@ -359,6 +366,8 @@ class WorkerConnection(SingleUse):
                 waited = envelope.decode_ack(frame.payload)
             except FrameError:
                 waited = None
+            if _telemetry.state is not None and waited is not None:  # telemetry: queue wait
+                _telemetry.state.waited(waited, call.name, self.attributes)
             self._settle(call, started=time.perf_counter() - call.sent_at
                          if waited is None else waited)
             if self._roomy:
@@ -528,6 +537,9 @@ class WorkerConnection(SingleUse):
         caller = _running_task_id()
         # On a worker, the output of the call this one is made from is relayed, or not asked.
         relay = None if caller is None else _output.current()
+        call_id = next(self._ids)  # before the trace context, whose span names it
+        client, trace = (None, None) if _telemetry.state is None else _telemetry.sending(
+            call_id, self.attributes)
         request = CallRequest(
             serializer.dumps_value((fn, args, kwargs), name, "the arguments"),
             name,
@@ -537,6 +549,7 @@ class WorkerConnection(SingleUse):
             None if streaming else _dump_context(name),
             plain,
             self._output is not None if caller is None else relay is not None,
+            trace=trace,
         )
         known = origin is not None and origin[0] == self._origin_delivered
         payload = envelope.encode_call(request, origin_known=known)
@@ -549,9 +562,9 @@ class WorkerConnection(SingleUse):
             raise PayloadTooLarge(f"the call to {name}", size, limit)
         if self._failure is not None or self._frames is None:
             raise CallNotDelivered(self.address, self._failure or "not connected")
-        call_id = next(self._ids)
         call = self._calls[call_id] = _Call(self, call_id, name, quiet_ack=not streaming)
         call.relay = relay
+        call.telemetry = client
         call.waiting = call.running = True
         self._unstarted += 1
         self._running += 1
@@ -653,7 +666,8 @@ class _Call:
     """
 
     __slots__ = ("connection", "id", "name", "finished", "accepted", "quiet_ack", "waiting",
-                 "running", "withdrawn", "sent_at", "relay", "_frames", "_arrived", "_lost")
+                 "running", "withdrawn", "sent_at", "relay", "telemetry", "_frames", "_arrived",
+                 "_lost")
 
     def __init__(self, connection: WorkerConnection, call_id: int, name: str, *,
                  quiet_ack: bool = False) -> None:
@@ -672,6 +686,8 @@ class _Call:
         # On a worker: the output sink of the call this one is made from, which its output goes
         # to (runtime._output).
         self.relay: _output.Sink | None = None
+        # Its client call (see runtime._telemetry), when traced: its steps carry its span.
+        self.telemetry: _telemetry.ClientCall | None = None
         self._frames: deque[Frame] = deque()
         self._arrived: Wakeup | None = None
         self._lost = False
@@ -913,7 +929,9 @@ class _Call:
             generator was suspended answers :class:`~anywool.errors.RoutineCancelled`).
         :raises WorkerError: the connection was lost, with nothing from the worker before.
         """
-        payload = envelope.encode_step(Step(value, _seconds_left(), _dump_context(self.name)))
+        trace = None if self.telemetry is None else self.telemetry.carry_step()
+        payload = envelope.encode_step(Step(value, _seconds_left(), _dump_context(self.name),
+                                            trace))
         limit = payload_limit(self.connection._max_frame_size)
         if payload.nbytes > limit:
             raise PayloadTooLarge(f"a step of {self.name} (the value sent, or the context "
@@ -955,9 +973,12 @@ async def drive_stream(
     Yields happen outside any cancel scope: the frames come from the connection's reader, queued
     for this call. ``busy`` is entered around every step that awaits
     the worker (not while the generator is suspended at a yield), so an owner can drain them.
+    A traced call's span (see :mod:`._telemetry`) ends with the stream, failed by what it
+    raised.
     """
     with busy:
         call = await open_call()
+    ended_by: BaseException | None = None
     try:
         kind, payload = Kind.ASEND, _NONE
         while True:
@@ -984,7 +1005,12 @@ async def drive_stream(
                 kind, payload = Kind.ASEND, (
                     _NONE if sent is None
                     else serializer.dumps_value(sent, call.name, "the value sent to it"))
+    except BaseException as exc:
+        ended_by = exc
+        raise
     finally:
+        if call.telemetry is not None:
+            call.telemetry.finish(ended_by)
         await call.release()
 
 

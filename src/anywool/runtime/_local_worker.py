@@ -38,7 +38,14 @@ from anywool.metadata import WorkerMetadata
 from anywool.runtime import _auth, _socket_dir
 from anywool.runtime._peer import PEER_GONE
 from anywool.runtime._server import STOP_TAIL
-from anywool.runtime._worker import MAX_CONCURRENCY, PARENT_PID_ENV, STARTUP_ERROR, SYS_PATH_ENV
+from anywool.runtime._worker import (
+    MAX_CONCURRENCY,
+    NAMESPACE_ENV,
+    PARENT_PID_ENV,
+    STARTUP_ERROR,
+    SYS_PATH_ENV,
+    UID_ENV,
+)
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +130,8 @@ class LocalWorker(SingleUse):
         environment, never on its command line.
     :param tls: mutual TLS for TCP peers (:class:`~anywool.MutualTLS`), instead of or besides
         the secret.
+    :param namespace: the namespace the worker is announced in, which its spans name
+        (``None``: none).
     :raises ValueError: ``host`` is given without any credentials (the message says what to
         pass), or an argument is out of range.
     :raises TypeError: an argument has the wrong type.
@@ -149,8 +158,11 @@ class LocalWorker(SingleUse):
         host: str | None = None,
         secret: bytes | str | None = None,
         tls: _auth.MutualTLS | None = None,
+        namespace: str | None = None,
     ) -> None:
         self._backend = _validate.backend(backend)
+        self._namespace = namespace
+        self._uid = uuid.uuid4()  # made here: the worker learns it (for its spans)
         self._bind, self._credentials = tcp_endpoint(host, secret, tls)
         self._tags = _validate.tag_set("tags", tags)
         self._extra = dict(extra or {})
@@ -189,6 +201,10 @@ class LocalWorker(SingleUse):
         env = dict(os.environ)
         env[SYS_PATH_ENV] = json.dumps([p for p in sys.path if isinstance(p, str)])
         env[PARENT_PID_ENV] = str(os.getpid())  # its lifeline watches us (see _lifeline)
+        env[UID_ENV] = str(self._uid)
+        env.pop(NAMESPACE_ENV, None)
+        if self._namespace is not None and "\0" not in self._namespace:
+            env[NAMESPACE_ENV] = self._namespace
         env["PYTHONPATH"] = os.pathsep.join(
             [package_root, *filter(None, [env.get("PYTHONPATH")])]
         )
@@ -235,7 +251,7 @@ class LocalWorker(SingleUse):
         try:
             address = await self._read_address(process)
             self._metadata = WorkerMetadata(
-                uid=uuid.uuid4(),
+                uid=self._uid,
                 address=address,
                 pid=process.pid,
                 version=_version(),

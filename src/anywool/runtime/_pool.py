@@ -266,6 +266,7 @@ class WorkerPool(SingleUse):
         self._proxy: WorkerProxy | None = None
         self._resolved: Any = None
         self._publisher: DiscoveryPublisherLike | None = None
+        self._worker_namespace: str | None = None  # what spawned workers' spans name
         self._published = False
         self._publishing = anyio.Lock()
         self._exiting = False
@@ -373,6 +374,7 @@ class WorkerPool(SingleUse):
         if owned is not None and count:
             namespace = getattr(owned, "namespace", None)
             tags = self._tags | ({namespace} if isinstance(namespace, str) else set())
+            self._worker_namespace = namespace if isinstance(namespace, str) else None
             await self._start_workers(stack, count, tags)
             publisher = self._publisher = await stack.enter_async_context(ExitWithin(
                 resolved(owned.publisher, expect=DiscoveryPublisherLike,
@@ -444,7 +446,8 @@ class WorkerPool(SingleUse):
                                  shutdown_timeout=self._shutdown_timeout,
                                  max_concurrency=self._max_concurrency, host=self._host,
                                  secret=None if credentials is None else credentials.secret,
-                                 tls=None if credentials is None else credentials.tls)
+                                 tls=None if credentials is None else credentials.tls,
+                                 namespace=self._worker_namespace)
             try:
                 async with worker:
                     born = anyio.current_time()

@@ -33,7 +33,7 @@ from anywool._owner import SingleUse, exit_task_group
 from anywool.discovery import DiscoveryEvent, DiscoverySubscriberLike, afilter
 from anywool.errors import AuthenticationError, NoWorkersAvailable, WorkerError
 from anywool.metadata import WorkerMetadata
-from anywool.runtime import _auth, _output, _wakeup
+from anywool.runtime import _auth, _output, _telemetry, _wakeup
 from anywool.runtime import _serializer as serializer
 from anywool.runtime._connection import (
     CallNotDelivered,
@@ -409,6 +409,7 @@ class WorkerProxy(SingleUse):
                 await self._close()
                 raise
         self._token = set_active(self)
+        _telemetry.watch(self)  # its workers counted until it deactivates
         return self
 
     async def __aexit__(
@@ -427,6 +428,7 @@ class WorkerProxy(SingleUse):
         if not self._active:
             return
         self._active = False
+        _telemetry.watch(self, False)
         if self._token is not None:
             try:
                 reset_active(self._token)
@@ -468,6 +470,8 @@ class WorkerProxy(SingleUse):
     async def _sentinel(self) -> None:
         try:
             async for event in self._discovery:
+                if _telemetry.state is not None:
+                    _telemetry.state.discovery_event(self._namespace, event.type)
                 self._handle(event)
         except anyio.get_cancelled_exc_class():
             raise
@@ -576,6 +580,7 @@ class WorkerProxy(SingleUse):
                     credentials=self._credentials,
                     output=self._output,
                     identity=(str(uid), admitted.metadata.pid),
+                    attributes=self._worker_attributes(admitted.metadata),
                 )
                 try:
                     async with connection:
@@ -884,6 +889,16 @@ class WorkerProxy(SingleUse):
 
         Cancellation: cancels the routine on the worker, waits (bounded) for it to unwind.
         """
+        telemetry = _telemetry.current()
+        if telemetry is not None:
+            with telemetry.client(getattr(fn, "__qualname__", repr(fn)),
+                                  "function" if plain else "coroutine",
+                                  self._namespace).attached(finish=True):
+                return await self._dispatch(fn, args, kwargs, plain)
+        return await self._dispatch(fn, args, kwargs, plain)
+
+    async def _dispatch(self, fn: Callable[..., Any], args: tuple[Any, ...],
+                        kwargs: dict[str, Any], plain: bool) -> Any:
         with self._in_flight:
             # The built-in balancer's choice, made here, saves every call the layers of the
             # general path; a call nobody has room for, or that is refused, takes that path.
@@ -907,9 +922,36 @@ class WorkerProxy(SingleUse):
         """
 
         async def open_call() -> _Call:
-            return await self._deliver(lambda c: c.stream(fn, args, kwargs))
+            telemetry = _telemetry.current()
+            if telemetry is None:
+                return await self._deliver(lambda c: c.stream(fn, args, kwargs))
+            # Its span ends with the stream (see drive_stream), or here if it never opens.
+            with telemetry.client(getattr(fn, "__qualname__", repr(fn)), "generator",
+                                  self._namespace).attached():
+                return await self._deliver(lambda c: c.stream(fn, args, kwargs))
 
         return drive_stream(open_call, self._in_flight)
+
+    # -- telemetry ---------------------------------------------------------------------------
+
+    def _worker_attributes(self, metadata: WorkerMetadata) -> dict[str, str]:
+        """What the spans and metrics of calls to ``metadata``'s worker say about it."""
+        attributes = {"anywool.worker.uid": str(metadata.uid),
+                      "anywool.worker.address": metadata.address}
+        if self._namespace is not None:
+            attributes["anywool.namespace"] = self._namespace
+        return attributes
+
+    def _telemetry_counts(self) -> tuple[str | None, dict[str, int]]:
+        """This proxy's namespace and its workers by state (the workers gauge; read from
+        whatever thread collects metrics: only sizes are read)."""
+        connected = len(self._ready)
+        return self._namespace, {
+            "connected": connected,
+            "connecting": max(0, len(self._admitted) - connected),
+            "waiting": len(self._waiting),
+            "excluded": len(self._excluded),
+        }
 
     # -- origin --------------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ import anyio.lowlevel
 from anyio.abc import ByteStream
 
 from anywool.errors import PayloadTooLarge, RoutineAborted, RoutineCancelled, SerializationError
-from anywool.runtime import _context, _interrupt, _output
+from anywool.runtime import _context, _interrupt, _output, _telemetry
 from anywool.runtime import _envelope as envelope
 from anywool.runtime import _exceptions
 from anywool.runtime import _serializer as serializer
@@ -125,7 +125,7 @@ _UNTRACKED = _Untracked()
 
 class _ServerCall:
     __slots__ = ("id", "scope", "frames", "name", "streaming", "protocol_error", "read_at",
-                 "deadline", "cancelled", "output", "_step", "_arrived")
+                 "deadline", "cancelled", "output", "telemetry", "_step", "_arrived")
 
     def __init__(self, call_id: int, scope: Scope, frames: FrameStream) -> None:
         self.id = call_id
@@ -142,6 +142,7 @@ class _ServerCall:
         self.streaming: bool | None = None  # known once the routine is loaded
         self.protocol_error: str | None = None
         self.output: _output.Sink | None = None  # what the routine logs and prints, forwarded
+        self.telemetry: _telemetry.ServerCall | None = None  # its span and metrics, if any
         # A client drives a generator one step at a time: one step frame can be pending, never
         # more (anything else is a protocol error, not a queue to grow).
         self._step: Frame | None = None
@@ -320,6 +321,8 @@ class Server:
             return  # late frame for a call that ended
         if frame.kind == Kind.CANCEL:
             call.cancel()
+            if call.telemetry is not None:
+                call.telemetry.cancel()
             tg.start_soon(_send_quietly, frames, Frame(Kind.CANCELLING, call.id))
         elif frame.kind in (Kind.ASEND, Kind.ATHROW, Kind.ACLOSE):
             if call.streaming is False:
@@ -379,6 +382,8 @@ class Server:
         finally:
             if call.output is not None:
                 call.output.close()
+            if call.telemetry is not None:
+                call.telemetry.finish()
             calls.pop(call.id, None)
             self.calls.discard(call)
             self.stop.finished()
@@ -419,6 +424,11 @@ class Server:
             if request.forward:  # what the routine logs and prints goes to its caller
                 call.output = self._forwarders[frames].sink(call.id)
                 call.output.open()
+            telemetry = _telemetry.current()
+            if telemetry is not None:  # its span, current in this task until the call ends
+                call.telemetry = telemetry.server(
+                    call.name, "generator" if call.streaming else "function" if request.plain
+                    else "coroutine", request.trace, call.id, self.address)
             if call.streaming:
                 await self._run_generator(frames, call, request.caller, body, args, kwargs)
             else:
@@ -500,6 +510,7 @@ class Server:
                 # Each step runs as a local one would: in the caller's context variables, under
                 # the caller's deadline at that step (none between steps).
                 _context.apply(values)
+                traced = None if call.telemetry is None else call.telemetry.step(step.trace)
                 item: Any = None
                 ended = False
                 error: BaseException | None = None
@@ -524,6 +535,8 @@ class Server:
                         error = self._reportable(call, exc)
                     finally:
                         call.deadline = math.inf  # none between steps
+                        if traced is not None:
+                            call.telemetry.step_done(traced)  # type: ignore[union-attr]
                 if step_scope.cancelled_caught:  # the caller's deadline for this step passed
                     await self._reply_cancelled(frames, call)
                 elif error is not None:
@@ -630,6 +643,8 @@ class Server:
         """
         if call.output is not None and call.output.dirty:
             await call.output.flush()
+        if call.telemetry is not None:
+            call.telemetry.failed(exc)
         changes = None
         if not isinstance(before, _Untracked):
             try:

@@ -37,6 +37,11 @@ stdin: reading or closing it never touches the stop requests.
 The parent passes its ``sys.path`` in ``$ANYWOOL_WORKER_SYS_PATH`` (JSON list) and its working
 directory as ours, so that routines defined in its modules import here by reference, and its
 pid in ``$ANYWOOL_WORKER_PARENT_PID``: a worker whose parent is already gone exits at once (70).
+It passes the worker's uid and namespace in ``$ANYWOOL_WORKER_UID`` and
+``$ANYWOOL_WORKER_NAMESPACE``, for its spans (:mod:`anywool.runtime._telemetry`). The modules
+named in ``$ANYWOOL_WORKER_IMPORT`` (comma-separated; inherited, not consumed) are imported once
+the worker is set up, before it serves: where a user configures an OpenTelemetry SDK, say. One
+that fails to import fails the start (its error is the line on stdout).
 """
 
 
@@ -44,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import logging
 import os
@@ -63,7 +69,7 @@ from anyio.streams.stapled import MultiListener
 from anywool import _interfaces, _secret
 from anywool._address import Address
 from anywool._errno import exhausted
-from anywool.runtime import _interrupt, _lifeline, _output, _socket, _socket_dir
+from anywool.runtime import _interrupt, _lifeline, _output, _socket, _socket_dir, _telemetry
 from anywool.runtime import _serializer as serializer
 from anywool.runtime._nested import NestedProxies, idle_timeout_from_environment
 from anywool.runtime._server import REPLY_TIMEOUT, STOP_TAIL, Server
@@ -77,6 +83,9 @@ SYS_PATH_ENV = "ANYWOOL_WORKER_SYS_PATH"
 #: What the line on stdout starts with when the worker cannot start, instead of an address.
 STARTUP_ERROR = "error: "
 PARENT_PID_ENV = "ANYWOOL_WORKER_PARENT_PID"
+UID_ENV = "ANYWOOL_WORKER_UID"
+NAMESPACE_ENV = "ANYWOOL_WORKER_NAMESPACE"
+IMPORT_ENV = "ANYWOOL_WORKER_IMPORT"
 
 # Once its parent is gone (stdin hung up), the seconds a worker has to stop by itself before it
 # exits regardless: a routine that shields itself or blocks the event loop cannot keep it alive.
@@ -292,6 +301,20 @@ def _start_lifeline(address: Address | None, home: Path | None) -> _lifeline.Lif
         raise SystemExit(_ORPHANED_EXIT_CODE) from None
 
 
+def _import_setup_modules() -> None:
+    """Import the modules ``$ANYWOOL_WORKER_IMPORT`` names; one that fails exits the worker,
+    saying why on stdout (where its parent waits for the address)."""
+    for name in filter(None, (part.strip() for part in
+                              os.environ.get(IMPORT_ENV, "").split(","))):
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:
+            sys.stdout.write(f"{STARTUP_ERROR}${IMPORT_ENV}: cannot import {name!r}: "
+                             f"{exc!r}\n")
+            sys.stdout.flush()
+            raise SystemExit(1) from None
+
+
 def _take_stdin() -> int:
     """Move the parent's pipe off descriptor 0, and give routines ``/dev/null`` as stdin:
     nothing a routine does to its stdin (read it, close it) touches the stop requests and the
@@ -399,6 +422,9 @@ def main(argv: list[str] | None = None) -> None:
     # Before any thread, event loop or listener exists: the sidecar is forked from us as we are.
     lifeline = _start_lifeline(options.address, options.home)
     control = _take_stdin()
+    # After the fork: what these modules start (an exporter's thread, say) stays here.
+    _telemetry.set_worker(os.environ.pop(UID_ENV, None), os.environ.pop(NAMESPACE_ENV, None))
+    _import_setup_modules()
     backend_options = {}
     if options.backend == "asyncio":
         from anywool.runtime._asyncio_loop import loop_factory
