@@ -42,6 +42,7 @@ from anywool.runtime._auth import MutualTLS
 from anywool.runtime._local_worker import LocalWorker, current_backend, tcp_endpoint
 from anywool.runtime._worker import MAX_CONCURRENCY
 from anywool.runtime._proxy import WorkerProxy
+from anywool.runtime._stats import WorkerStats
 from anywool.runtime._resolve import expected_names, is_factory, resolved
 
 log = logging.getLogger(__name__)
@@ -289,6 +290,15 @@ class WorkerPool(SingleUse):
         if self._proxy is None:
             raise RuntimeError("the WorkerPool is not entered")
         return self._proxy
+
+    async def stats(self, timeout: float = 5.0) -> dict[UUID, WorkerStats | None]:
+        """Ask every worker the pool's proxy admitted for its statistics: see
+        :meth:`WorkerProxy.stats <anywool.WorkerProxy.stats>` (same arguments, result and
+        errors).
+
+        :raises RuntimeError: the pool is not entered.
+        """
+        return await self.proxy.stats(timeout)
 
     # -- entry ---------------------------------------------------------------------------------
 
