@@ -902,7 +902,9 @@ class WorkerProxy(SingleUse):
         :returns: by worker uid, what it reported, or ``None`` for a worker that did not answer
             within ``timeout`` (its event loop held, suspended), whose connection is not open
             (connecting, reconnecting) or was lost meanwhile, or whose answer was malformed.
-            Empty when no worker is admitted. Takes at most about ``timeout`` seconds.
+            Empty when no worker is admitted. Before the proxy's first call (a lazy proxy, or
+            pool, connects then), it first waits up to ``timeout`` seconds for its quorum, as a
+            call would: at most about twice ``timeout`` in all.
         :raises RuntimeError: the proxy is not entered, or has exited.
 
         A statistics request is not a call: it is not counted by the worker, and is answered
@@ -913,6 +915,12 @@ class WorkerProxy(SingleUse):
         timeout = _validate.duration("timeout", timeout, allow_zero=False)
         if self._task_group is None:
             raise self._inactive()
+        if not self._quorum_met and self._active:
+            with anyio.move_on_after(timeout):
+                try:
+                    await self._wait_for_quorum()
+                except Exception:  # what a call would raise: here, fewer workers are shown
+                    pass
         found: dict[UUID, WorkerStats | None] = dict.fromkeys(self._admitted)
 
         async def ask(uid: UUID, connection: WorkerConnection) -> None:
