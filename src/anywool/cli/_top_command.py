@@ -164,6 +164,9 @@ async def sample(metadata: WorkerMetadata, credentials: _auth.Credentials | None
     ``timeout`` seconds (plus the connection's bounded close)."""
     from anywool.runtime._connection import WorkerConnection
 
+    if credentials is None and not metadata.address.startswith("unix:"):
+        return _Sample(metadata, None, "refused: no credentials for a TCP worker: pass "
+                                       "--secret-file or set $ANYWOOL_SECRET")
     try:
         async with WorkerConnection(metadata.address, connect_timeout=timeout,
                                     credentials=credentials) as connection:
