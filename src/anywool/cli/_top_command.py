@@ -210,7 +210,7 @@ async def _run(source: _Source, credentials: _auth.Credentials | None, interval:
             if as_json:
                 emit([_document(each) for each in samples])
                 return None
-            table = _table(samples, previous, time.strftime("%H:%M:%S"))
+            table = _table(samples, previous, time.strftime("%H:%M:%S"), out.is_terminal)
             previous = {(each.metadata.uid.hex, each.stats.pid): each.stats
                         for each in samples if each.stats is not None}
             if once or not out.is_terminal:
@@ -236,14 +236,16 @@ def _document(each: _Sample) -> dict[str, object]:
 
 
 def _table(samples: Sequence[_Sample], previous: dict[tuple[str, int], WorkerStats],
-           now: str) -> Table:
+           now: str, fold: bool) -> Table:
+    """The table of ``samples``; with ``fold`` (a terminal, whose width is all there is) a
+    long address folds onto more lines rather than squeeze the numbers, else nothing wraps."""
     table = Table(**TABLE_STYLE, title=f"{plural(len(samples), 'worker')} · {now}",
                   title_justify="left")
     table.add_column("uid", no_wrap=True)
-    table.add_column("address", no_wrap=True)
+    table.add_column("address", no_wrap=not fold, overflow="fold" if fold else "ellipsis")
     for heading in ("pid", "in flight", "served", "busy", "busy total", "rss", "uptime"):
         table.add_column(heading, justify="right", no_wrap=True)
-    table.add_column("status", no_wrap=True)
+    table.add_column("status", overflow="fold" if fold else "ellipsis", no_wrap=not fold)
     for each in samples:
         metadata, stats = each.metadata, each.stats
         cells: list[str | Text] = [short(metadata.uid.hex), text(metadata.address, limit=1024)]
