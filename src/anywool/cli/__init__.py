@@ -9,7 +9,9 @@
   ``anywool watch NS`` follows its workers live, ``anywool reclaim [NS]`` removes what dead
   processes left (:mod:`anywool.cli._ls_command`, ``_show_command``, ``_watch_command``,
   ``_reclaim_command``); with ``--etcd URL``, ``ls``, ``show`` and ``watch`` read an etcd
-  cluster instead (the ``--etcd`` options and the reads: :mod:`anywool.cli._etcd_ops`).
+  cluster instead (the ``--etcd`` options and the reads: :mod:`anywool.cli._etcd_ops`);
+* ``anywool top NS``: what each worker of a namespace is doing, asked of the workers themselves
+  (:mod:`anywool.cli._top_command`).
 
 Presentation only (click, rich): the work is the library's.
 """
@@ -34,6 +36,7 @@ class _Commands(click.Group):
         "ls": "anywool.cli._ls_command",
         "show": "anywool.cli._show_command",
         "watch": "anywool.cli._watch_command",
+        "top": "anywool.cli._top_command",
         "reclaim": "anywool.cli._reclaim_command",
     }
 

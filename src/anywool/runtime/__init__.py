@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from anywool.runtime._resolve import Factory, resolved
     from anywool.runtime._routine import RoutineTask, current_task, routine, run_sync
     from anywool.runtime._serializer import SerializationWarning
+    from anywool.runtime._stats import WorkerStats
 
 __all__ = [
     "ContextVar",
@@ -28,6 +29,7 @@ __all__ = [
     "SerializationWarning",
     "WorkerPool",
     "WorkerProxy",
+    "WorkerStats",
     "current_task",
     "resolved",
     "routine",
@@ -46,6 +48,7 @@ _WHERE = {
     "SerializationWarning": "anywool.runtime._serializer",
     "WorkerPool": "anywool.runtime._pool",
     "WorkerProxy": "anywool.runtime._proxy",
+    "WorkerStats": "anywool.runtime._stats",
     "current_task": "anywool.runtime._routine",
     "resolved": "anywool.runtime._resolve",
     "routine": "anywool.runtime._routine",

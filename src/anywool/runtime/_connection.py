@@ -42,7 +42,8 @@ from anywool.runtime import _envelope as envelope
 from anywool.runtime import _exceptions
 from anywool.runtime import _serializer as serializer
 from anywool.runtime._envelope import CallRequest, Origin, Step
-from anywool.runtime._serializer import Pickled
+from anywool.runtime._serializer import Buffer, Pickled
+from anywool.runtime._stats import WorkerStats
 from anywool.runtime._peer import PEER_GONE
 from anywool.runtime._routine import running_task
 from anywool.runtime._wakeup import Wakeup
@@ -189,6 +190,8 @@ class WorkerConnection(SingleUse):
         self._frames: FrameStream | None = None
         self._task_group: TaskGroup | None = None
         self._calls: dict[int, _Call] = {}
+        # Statistics requests waiting for their answer, by request id (see stats).
+        self._stats_waiters: dict[int, _StatsWaiter] = {}
         # The origin key this connection delivered whole (see _envelope): later calls carry
         # the key alone.
         self._origin_delivered: bytes | None = None
@@ -352,6 +355,10 @@ class WorkerConnection(SingleUse):
                 _telemetry.state.refused(self._calls.get(frame.call_id), self.attributes)
         call = self._calls.get(frame.call_id)
         if call is None:
+            if frame.kind == Kind.STATS:  # never a call's id: off the calls' path
+                waiter = self._stats_waiters.get(frame.call_id)
+                if waiter is not None:
+                    waiter.answer(frame.payload)
             return  # a call that already gave up (e.g. cancelled): drop its late frames
         if frame.kind == Kind.OUTPUT:  # what its routine logged or printed (runtime._output)
             self._output_of(call, frame)
@@ -460,6 +467,8 @@ class WorkerConnection(SingleUse):
                     log.exception("on_lost callback of %s failed", self.address)
         calls, self._calls = self._calls, {}
         self._unstarted = self._running = 0
+        for waiter in self._stats_waiters.values():
+            waiter.done.set()  # with no answer: lost
         for call in calls.values():
             call.waiting = call.running = False
             call.lose()
@@ -517,6 +526,39 @@ class WorkerConnection(SingleUse):
                 await frames.send(Frame(Kind.CANCEL, call_id))
             except PEER_GONE:
                 return
+
+    # -- stats (issue 23) --------------------------------------------------------------------
+
+    async def stats(self, timeout: float = 5.0) -> WorkerStats:
+        """Ask the worker for its statistics (it answers at once, without starting a call:
+        also at its ``max_concurrency``, and while it drains).
+
+        :param timeout: seconds (> 0) to wait for the answer.
+        :returns: what the worker reported.
+        :raises TimeoutError: no answer within ``timeout`` (the worker's event loop is held,
+            or the worker is suspended).
+        :raises WorkerError: the connection is broken, or was lost before the answer came.
+        :raises FrameError: the worker's answer is malformed (the connection goes on).
+
+        Cancellation: safe at any point; a late answer is dropped.
+        """
+        frames = self._frames
+        if self._failure is not None or frames is None:
+            raise WorkerError(self.address, self._failure or "not connected")
+        request_id = next(self._ids)
+        waiter = self._stats_waiters[request_id] = _StatsWaiter()
+        try:
+            with anyio.fail_after(timeout):
+                try:
+                    await frames.send(Frame(Kind.STATS, request_id))
+                except PEER_GONE as exc:
+                    self._fail(f"connection failed: {exc!r}")
+                await waiter.done.wait()
+        finally:
+            del self._stats_waiters[request_id]
+        if waiter.payload is None:
+            raise WorkerError(self.address, f"lost while asking for stats: {self._failure}")
+        return envelope.decode_stats(waiter.payload)
 
     # -- calls -------------------------------------------------------------------------------
 
@@ -1017,6 +1059,21 @@ async def drive_stream(
 _NONE = serializer.dump(None)
 # What relays a nested call's output (its receive() needs no emitter).
 _RELAY = _output.Output()
+
+
+class _StatsWaiter:
+    """A statistics request waiting for its answer (``payload``; ``None`` when lost)."""
+
+    __slots__ = ("done", "payload")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.payload: Buffer | None = None
+
+    def answer(self, payload: Buffer) -> None:
+        if not self.done.is_set():
+            self.payload = payload
+            self.done.set()
 
 
 class _Lost(Exception):

@@ -55,6 +55,11 @@ Header fields by kind:
   ``[stream, text]`` (``stream`` ``"stdout"`` or ``"stderr"``, ``text`` without its newline);
   :data:`OUTPUT_DROPPED` ``[count]``, how many entries the worker dropped for the call.
   Nothing in it is pickled: a malformed one is dropped by its receiver, never fails a call.
+* ``STATS``: empty from the client (other payloads are reserved, and ignored); from the worker
+  a msgpack map of its statistics (:func:`encode_stats`: the fields of
+  :class:`~anywool.runtime._stats.WorkerStats` by name). Keys a client does not know are
+  ignored; a known key missing or of the wrong type fails that request
+  (:func:`decode_stats`).
 
 Encoders return :class:`~anywool.runtime._wire.Parts` (the pickles' pieces by reference, for
 ``FrameStream.send_parts``); decoders return each pickle as views of the payload they were
@@ -73,6 +78,7 @@ from typing import Any, cast
 import msgpack
 
 from anywool.runtime._serializer import Buffer, Pickled
+from anywool.runtime._stats import WorkerStats
 from anywool.runtime._wire import _U64, FrameError, Parts
 
 #: ``(key, pickled proxy)``: the pool a call tree started from (see :mod:`._nested`).
@@ -441,3 +447,47 @@ def _check_entry(entry: Any) -> None:
 
 def _pack_map(fields: dict[str, Any]) -> bytes:
     return cast(bytes, msgpack.packb(fields, use_bin_type=True))
+
+
+# -- STATS (issue 23) ---------------------------------------------------------------------------
+
+# Each field of a STATS answer and what it must be (bool is never an int here).
+_STATS_FIELDS: dict[str, tuple[type, ...]] = {
+    "pid": (int,), "backend": (str,), "python": (str,), "version": (str,),
+    "max_concurrency": (int, type(None)), "in_flight": (int,), "served": (int,),
+    "returned": (int,), "raised": (int,), "cancelled": (int,),
+    "busy_seconds": (float, int), "uptime_seconds": (float, int),
+    "rss_bytes": (int, type(None)), "rss_peak": (bool,),
+}
+
+
+def encode_stats(stats: WorkerStats) -> bytes:
+    """The payload of a worker's ``STATS`` answer."""
+    return _pack_map({name: getattr(stats, name) for name in _STATS_FIELDS})
+
+
+def decode_stats(payload: Buffer) -> WorkerStats:
+    """The statistics a worker's ``STATS`` answer carries (unknown keys ignored).
+
+    :raises FrameError: the payload is not a map, or a known field is missing, of the wrong
+        type, or a negative count or time.
+    """
+    try:
+        # msgpack's own limits (the payload's size): keys this side does not know may carry
+        # anything.
+        fields = msgpack.unpackb(payload, raw=False)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise FrameError(f"undecodable stats ({exc})") from None
+    if not isinstance(fields, dict):
+        raise FrameError("stats must be a map")
+    values: dict[str, Any] = {}
+    for name, types in _STATS_FIELDS.items():
+        if name not in fields:
+            raise FrameError(f"stats without {name!r}")
+        value = fields[name]
+        if type(value) not in types or (type(value) is not bool and isinstance(value, (int, float))
+                                        and not value >= 0):
+            raise FrameError(f"stats' {name} must be "
+                             f"{' or '.join(t.__name__ for t in types)} (>= 0), got {value!r}")
+        values[name] = float(value) if float in types else value
+    return WorkerStats(**values)

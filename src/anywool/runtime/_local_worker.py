@@ -13,7 +13,6 @@ What this module must never do: leave a process unreaped, or a socket file behin
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -46,6 +45,7 @@ from anywool.runtime._worker import (
     SYS_PATH_ENV,
     UID_ENV,
 )
+from anywool.runtime._stats import anywool_version
 
 log = logging.getLogger(__name__)
 
@@ -68,17 +68,7 @@ def current_backend() -> str:
     return sniffio.current_async_library()
 
 
-# One value per process: reading the distribution's metadata again for every worker took time
-# and left some of it behind in importlib's caches (issue 21: memory per pool cycle).
-@functools.cache
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("anywool")
-    except PackageNotFoundError:
-        return "0+unknown"
-
+_version = anywool_version
 
 def tcp_endpoint(host: object, secret: object, tls: object
                  ) -> tuple[Address | None, _auth.Credentials | None]:

@@ -43,6 +43,7 @@ from anywool.runtime._local_worker import LocalWorker, current_backend, tcp_endp
 from anywool.runtime._worker import MAX_CONCURRENCY
 from anywool.runtime._output import OutputLine
 from anywool.runtime._proxy import WorkerProxy
+from anywool.runtime._stats import WorkerStats
 from anywool.runtime._resolve import expected_names, is_factory, resolved
 
 log = logging.getLogger(__name__)
@@ -306,6 +307,15 @@ class WorkerPool(SingleUse):
         if self._proxy is None:
             raise RuntimeError("the WorkerPool is not entered")
         return self._proxy
+
+    async def stats(self, timeout: float = 5.0) -> dict[UUID, WorkerStats | None]:
+        """Ask every worker the pool's proxy admitted for its statistics: see
+        :meth:`WorkerProxy.stats <anywool.WorkerProxy.stats>` (same arguments, result and
+        errors).
+
+        :raises RuntimeError: the pool is not entered.
+        """
+        return await self.proxy.stats(timeout)
 
     # -- entry ---------------------------------------------------------------------------------
 

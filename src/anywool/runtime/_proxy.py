@@ -47,6 +47,8 @@ from anywool.runtime._loadbalancer import LoadBalancerLike, RoundRobinLoadBalanc
 from anywool.runtime._output import OutputLine
 from anywool.runtime._resolve import is_context_manager
 from anywool.runtime._routine import reset_active, set_active
+from anywool.runtime._stats import WorkerStats
+from anywool.runtime._wire import FrameError
 from anywool.runtime._wakeup import Wakeup
 
 log = logging.getLogger(__name__)
@@ -952,6 +954,47 @@ class WorkerProxy(SingleUse):
             "waiting": len(self._waiting),
             "excluded": len(self._excluded),
         }
+    # -- stats (issue 23) ----------------------------------------------------------------------
+
+    async def stats(self, timeout: float = 5.0) -> dict[UUID, WorkerStats | None]:
+        """Ask every worker this proxy admitted for its statistics, all at once.
+
+        :param timeout: seconds (> 0) each worker gets to answer.
+        :returns: by worker uid, what it reported, or ``None`` for a worker that did not answer
+            within ``timeout`` (its event loop held, suspended), whose connection is not open
+            (connecting, reconnecting) or was lost meanwhile, or whose answer was malformed.
+            Empty when no worker is admitted. Before the proxy's first call (a lazy proxy, or
+            pool, connects then), it first waits up to ``timeout`` seconds for its quorum, as a
+            call would: at most about twice ``timeout`` in all.
+        :raises RuntimeError: the proxy is not entered, or has exited.
+
+        A statistics request is not a call: it is not counted by the worker, and is answered
+        also when the worker runs its ``max_concurrency`` calls or is draining.
+
+        Cancellation: cancels the requests (late answers are dropped).
+        """
+        timeout = _validate.duration("timeout", timeout, allow_zero=False)
+        if self._task_group is None:
+            raise self._inactive()
+        if not self._quorum_met and self._active:
+            with anyio.move_on_after(timeout):
+                try:
+                    await self._wait_for_quorum()
+                except Exception:  # what a call would raise: here, fewer workers are shown
+                    pass
+        found: dict[UUID, WorkerStats | None] = dict.fromkeys(self._admitted)
+
+        async def ask(uid: UUID, connection: WorkerConnection) -> None:
+            try:
+                found[uid] = await connection.stats(timeout)
+            except (TimeoutError, WorkerError, FrameError) as exc:
+                log.debug("no stats from worker %s: %r", connection.address, exc)
+
+        async with anyio.create_task_group() as tg:
+            for uid, (_, connection) in list(self._ready.items()):
+                found.setdefault(uid, None)
+                tg.start_soon(ask, uid, connection)
+        return found
 
     # -- origin --------------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ import inspect
 import logging
 import math
 import os
+import platform
 import signal
 import time
 from collections.abc import Callable
@@ -28,10 +29,11 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+import sniffio
 from anyio.abc import ByteStream
 
 from anywool.errors import PayloadTooLarge, RoutineAborted, RoutineCancelled, SerializationError
-from anywool.runtime import _context, _interrupt, _output, _telemetry
+from anywool.runtime import _context, _interrupt, _output, _stats, _telemetry
 from anywool.runtime import _envelope as envelope
 from anywool.runtime import _exceptions
 from anywool.runtime import _serializer as serializer
@@ -40,6 +42,7 @@ from anywool.runtime._nested import NestedProxies
 from anywool.runtime._peer import PEER_GONE, PEER_HUNG_UP
 from anywool.runtime._routine import RoutineTask, routine_body, set_active, set_running
 from anywool.runtime._serializer import Pickled
+from anywool.runtime._stats import WorkerStats
 from anywool.runtime._wire import (
     Frame,
     FrameError,
@@ -68,13 +71,19 @@ _LOOK_AFTER = 0.001
 
 
 class _Stop:
-    """The worker-wide stop state: draining flag, in-flight count, requested grace."""
+    """The worker-wide stop state: draining flag, in-flight count, requested grace; and what
+    :meth:`Server.stats` reports of the calls (counted here, at their start and end)."""
 
     def __init__(self) -> None:
         self.requested = anyio.Event()
         self.grace: float | None = None
         self.draining = False
         self.in_flight = 0
+        # Stats (issue 23): calls ended, by outcome (see Server.stats); seconds with a call in
+        # flight, and since when (time.perf_counter()) the current such stretch runs.
+        self.served = self.returned = self.raised = self.cancelled = 0
+        self.busy = 0.0
+        self.busy_since = 0.0
         self._changed: anyio.Event | None = None  # made only while somebody drains
         self._drain_scope: anyio.CancelScope | None = None
 
@@ -87,11 +96,17 @@ class _Stop:
             if self._drain_scope is not None:
                 self._drain_scope.cancel()
 
-    def started(self) -> None:
+    def started(self, at: float) -> None:
+        """A call started; ``at`` is when its frame was read (``time.perf_counter()``)."""
+        if not self.in_flight:
+            self.busy_since = at
         self.in_flight += 1
 
     def finished(self) -> None:
         self.in_flight -= 1
+        self.served += 1
+        if not self.in_flight:
+            self.busy += time.perf_counter() - self.busy_since
         if self._changed is not None:
             self._changed.set()
             self._changed = None
@@ -211,6 +226,7 @@ class Server:
         self._forwarders: dict[FrameStream, _output.Forwarder] = {}
         self._on = f" on worker {address}"
         self._hello = envelope.encode_hello(max_concurrency)
+        self._started_at = time.perf_counter()  # for the stats' uptime
 
     # -- connections ---------------------------------------------------------------------------
 
@@ -313,11 +329,13 @@ class Server:
             call = _ServerCall(frame.call_id, new_scope(), frames)
             calls[call.id] = call
             self.calls.add(call)
-            self.stop.started()
+            self.stop.started(call.read_at)
             tg.start_soon(self._run, frames, call, request, calls)
             return
         call = calls.get(frame.call_id)
         if call is None:
+            if frame.kind == Kind.STATS:  # not a call: never refused, never counted
+                tg.start_soon(self._send_stats, frames, frame.call_id)
             return  # late frame for a call that ended
         if frame.kind == Kind.CANCEL:
             call.cancel()
@@ -479,7 +497,9 @@ class Server:
                 await _ended_by_its_scope()
             await self._reply_exception(frames, call, self._reportable(call, exc), values)
             return
-        await self._reply_value(frames, call, value, "the value it returned", values, Kind.RETURN)
+        if await self._reply_value(frames, call, value, "the value it returned", values,
+                                   Kind.RETURN):
+            self.stop.returned += 1
 
     async def _run_generator(
         self,
@@ -628,6 +648,7 @@ class Server:
         limit = payload_limit(frames.max_frame_size)
         if payload.nbytes <= limit:
             await frames.send_parts(Kind.END, call.id, payload)
+            self.stop.returned += 1
             return
         await self._reply_exception(frames, call, PayloadTooLarge(
             f"the context-variable values {call.name} set", payload.nbytes, limit))
@@ -661,12 +682,33 @@ class Server:
             data = Pickled([_exceptions.dumps_exception(RuntimeError(
                 f"{type(exc).__name__}: {str(exc)[:1000]} (too large to send)"))])
         await frames.send_parts(Kind.EXCEPTION, call.id, envelope.encode_reply(data, changes))
+        if isinstance(exc, RoutineCancelled):
+            self.stop.cancelled += 1
+        else:
+            self.stop.raised += 1
 
     async def _reply_cancelled(self, frames: FrameStream, call: _ServerCall) -> None:
         try:
             await self._reply_exception(frames, call, RoutineCancelled(call.name, self.address))
         except PEER_GONE:
             pass  # the client is gone; nobody to tell
+
+    # -- stats (issue 23) ----------------------------------------------------------------------
+
+    def stats(self) -> WorkerStats:
+        """What this worker says of itself when asked (see :class:`WorkerStats`)."""
+        stop = self.stop
+        now = time.perf_counter()
+        busy = stop.busy + (now - stop.busy_since if stop.in_flight else 0.0)
+        rss, peak = _stats.memory()
+        return WorkerStats(os.getpid(), _backend(), platform.python_version(),
+                           _stats.anywool_version(),
+                           self.max_concurrency, stop.in_flight, stop.served, stop.returned,
+                           stop.raised, stop.cancelled, busy, now - self._started_at, rss, peak)
+
+    async def _send_stats(self, frames: FrameStream, request_id: int) -> None:
+        await _send_quietly(frames, Frame(Kind.STATS, request_id,
+                                          envelope.encode_stats(self.stats())))
 
     # -- control -------------------------------------------------------------------------------
 
@@ -713,6 +755,10 @@ class Server:
         return _interrupt.Interrupter(lambda: list(self.calls), lambda: self.stop.grace == 0,
                                       _interrupt.Interrupter.call_soon_here(), on_signal,
                                       parent=parent)
+
+
+def _backend() -> str:
+    return sniffio.current_async_library()
 
 
 async def _ended_by_its_scope() -> None:
