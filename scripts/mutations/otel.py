@@ -30,9 +30,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="otel-error-status-missing",
         path=_TELEMETRY,
-        old="""            span.set_status(self.telemetry.Status(self.telemetry.error,
-                                                  f"{kind}: {exc}"[:500]))""",
-        new="""            pass""",
+        old="""    span.set_status(telemetry.Status(telemetry.error, f"{kind}: {message}"[:500]))""",
+        new="""    pass""",
         tests=(f"{_TESTS}::test_failure_sets_error_status_on_both_sides",),
         why="issue 23: a failed call's server span has status ERROR",
     ),
@@ -91,5 +90,19 @@ MUTATIONS: list[Mutation] = [
         new="""        trace = None""",
         tests=(f"{_TESTS}::test_each_step_carries_the_callers_baggage",),
         why="issue 23: the trace context travels in every generator step",
+    ),
+    Mutation(
+        name="otel-unprintable-exception-raises",
+        path=_TELEMETRY,
+        old="""    try:
+        message = str(exc)
+    except Exception:""",
+        new="""    try:
+        span.record_exception(exc)
+        message = str(exc)
+    except ZeroDivisionError:""",
+        tests=(f"{_TESTS}::test_an_exception_whose_str_raises_is_recorded_not_replaced",),
+        why="an exception whose str() raises reaches the caller as itself, its spans say it "
+            "failed (the SDK's record_exception calls str())",
     ),
 ]

@@ -64,6 +64,18 @@ async def fail(message: str) -> None:
     raise LookupError(message)
 
 
+class Unprintable(Exception):
+    """An exception whose ``str()`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no str() for this one")
+
+
+@routine
+async def fail_unprintably() -> None:
+    raise Unprintable("x")
+
+
 @routine
 async def tens(n: int):
     """Yields ``inner(10 * i)`` for i < n: each step makes a nested call."""
@@ -242,6 +254,21 @@ async def test_failure_sets_error_status_on_both_sides(otel: Otel) -> None:
         assert span["events"] == ["exception"]
     [(attributes, count)] = otel.points()["rpc.client.call.duration"]
     assert attributes["error.type"] == "LookupError" and count == 1
+
+
+async def test_an_exception_whose_str_raises_is_recorded_not_replaced(otel: Otel) -> None:
+    # The SDK's record_exception calls str(): that must not turn the routine's exception into
+    # the instrumentation's, on either side.
+    with anyio.fail_after(30):
+        async with WorkerPool(spawn=1):
+            with pytest.raises(Unprintable):
+                await fail_unprintably()
+    for span in (_by_name(_local(otel), "fail_unprintably", "CLIENT"),
+                 _by_name(otel.worker_spans(), "fail_unprintably", "SERVER")):
+        assert span["status"] == "ERROR"
+        assert span["attributes"]["error.type"].endswith("Unprintable")
+        assert span["events"] == ["exception"]
+    assert all(value == 0 for _, value in otel.points()["anywool.client.call.active"])
 
 
 async def test_remote_cancellation_is_an_event_on_both_sides(otel: Otel,

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import sys
 import time
+import traceback
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from typing import Any
@@ -393,13 +394,28 @@ class ClientCall:
                 kind = error_type(exc)
                 attributes = {**attributes, "error.type": kind}
                 if span is not None:
-                    span.set_attribute("error.type", kind)
-                    span.record_exception(exc)
-                    span.set_status(telemetry.Status(telemetry.error, f"{kind}: {exc}"[:500]))
+                    _record_failure(telemetry, span, exc, kind)
         if telemetry.meter is not None:
             telemetry.client_duration.record(time.perf_counter() - self.start, attributes)
         if span is not None:
             span.end()
+
+
+def _record_failure(telemetry: Telemetry, span: Any, exc: BaseException, kind: str) -> None:
+    """Say on ``span`` that its call failed with ``exc`` (of ``error.type`` ``kind``): the
+    attribute, the exception as an event, the ERROR status. An exception whose ``str()``
+    raises is described without it (the SDK's ``record_exception`` would raise too)."""
+    span.set_attribute("error.type", kind)
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<str() failed>"
+        span.add_event("exception", {
+            "exception.type": kind, "exception.message": message,
+            "exception.stacktrace": "".join(traceback.format_exception(exc))})
+    else:
+        span.record_exception(exc)
+    span.set_status(telemetry.Status(telemetry.error, f"{kind}: {message}"[:500]))
 
 
 class _Attached:
@@ -471,12 +487,8 @@ class ServerCall:
         if self.failed_as is not None or (self.cancelled and _is_routine_cancelled(exc)):
             return
         kind = self.failed_as = error_type(exc)
-        span = self.span
-        if span is not None:
-            span.set_attribute("error.type", kind)
-            span.record_exception(exc)
-            span.set_status(self.telemetry.Status(self.telemetry.error,
-                                                  f"{kind}: {exc}"[:500]))
+        if self.span is not None:
+            _record_failure(self.telemetry, self.span, exc, kind)
 
     def finish(self) -> None:
         telemetry = self.telemetry
