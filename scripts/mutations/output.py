@@ -165,4 +165,16 @@ MUTATIONS: list[Mutation] = [
         tests=(LIVE,),
         why="a routine's threads' output arrives while the call runs (the loop is woken)",
     ),
+    Mutation(
+        name="output-partial-line-copied-each-write",
+        path="src/anywool/runtime/_output.py",
+        old="""                elif isinstance(held, str) and len(held) + len(text) <= _SHORT:
+                    partial[stream] = held + text""",
+        new="""                elif isinstance(held, str):
+                    partial[stream] = (held + text)[:TEXT_AT_MOST + 1]""",
+        tests=("tests/unit/test_output.py::"
+               "test_a_line_written_a_character_at_a_time_costs_what_is_written",),
+        why="a line written a character at a time (print(..., end='')) costs what is written, "
+            "not a copy of the line so far per write",
+    ),
 ]

@@ -29,6 +29,7 @@ connection's reader; grow without bound; block the event loop on a thread.
 from __future__ import annotations
 
 import contextvars
+import io
 import logging
 import sys
 import threading
@@ -61,6 +62,8 @@ PENDING_BYTES_AT_MOST = 1 << 20
 #: traceback apart from it); the rest is cut, and the cut said by :data:`CUT_MARK`.
 TEXT_AT_MOST = 64 * 1024
 CUT_MARK = " [... cut at {} characters]"
+# A partial line up to this many characters is kept as a str (see Sink.write).
+_SHORT = 256
 #: The most bytes of entries one ``OUTPUT`` frame carries (one entry larger goes alone).
 BATCH_AT_MOST = 4 * 1024
 # What an entry costs besides its texts, counted against PENDING_BYTES_AT_MOST.
@@ -99,7 +102,11 @@ class Sink:
         self.dirty = False  # something was put since the last flush (read before each reply)
         self.closed = False
         self.dropped = 0
-        self._partial: dict[str, str] = {}
+        # Each stream's line written so far without its newline: its first TEXT_AT_MOST + 1
+        # characters (one more: it was cut, it says). A str while short; beyond, a StringIO,
+        # where appending costs what is appended (a routine printing with end="" in a loop
+        # writes a character at a time: appending to a str would copy the line every time).
+        self._partial: dict[str, str | io.StringIO] = {}
 
     def open(self) -> contextvars.Token[Sink | None]:
         """Make this the sink of the current context (the call's task)."""
@@ -111,10 +118,29 @@ class Sink:
     def write(self, stream: str, text: str) -> None:
         """Take ``text`` written to ``stream``: each whole line becomes an entry."""
         self.dirty = True
+        partial = self._partial
         with self.forwarder.lock:
-            pending = self._partial.get(stream, "") + text
-            *lines, rest = pending.split("\n")
-            self._partial[stream] = rest[:TEXT_AT_MOST + 1]  # one more: it was cut, it says
+            held = partial.get(stream)
+            if "\n" not in text:
+                if held is None:
+                    partial[stream] = text[:TEXT_AT_MOST + 1]
+                elif isinstance(held, str) and len(held) + len(text) <= _SHORT:
+                    partial[stream] = held + text
+                else:
+                    if isinstance(held, str):
+                        held = partial[stream] = io.StringIO(held)
+                        held.seek(0, io.SEEK_END)
+                    room = TEXT_AT_MOST + 1 - held.tell()
+                    if room > 0:
+                        held.write(text[:room])
+                return
+            *lines, rest = text.split("\n")
+            if held is not None:
+                lines[0] = (held if isinstance(held, str) else held.getvalue()) + lines[0]
+            if rest:
+                partial[stream] = rest[:TEXT_AT_MOST + 1]
+            elif held is not None:
+                del partial[stream]
         now = time.time()
         for line in lines:
             self._line(stream, line, now)
@@ -128,7 +154,8 @@ class Sink:
         with self.forwarder.lock:
             partial, self._partial = self._partial, {}
         now = time.time()
-        for stream, line in partial.items():
+        for stream, held in partial.items():
+            line = held if isinstance(held, str) else held.getvalue()
             if line:
                 self._line(stream, line, now)
 
