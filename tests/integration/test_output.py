@@ -143,6 +143,34 @@ async def huge_line() -> None:
     print("y" * (_output.PENDING_BYTES_AT_MOST + 1000))  # cut: not dropped as too large
 
 
+class Unprintable:
+    """Neither ``str()`` nor ``repr()`` works."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no str()")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr()")
+
+
+@routine
+async def logs_the_unprintable() -> str:
+    log.warning(Unprintable())  # logging itself never raises here: nor may the capture
+    log.warning("%s", Unprintable())
+    return "logged"
+
+
+async def test_a_message_that_cannot_be_formatted_is_said_and_raises_nothing(
+        records: Records) -> None:
+    with anyio.fail_after(30):
+        async with WorkerPool(spawn=1):
+            assert await logs_the_unprintable() == "logged"
+    first, second = records.messages()
+    assert re.fullmatch(r"<tests\.integration\.test_output\.Unprintable object at 0x[0-9a-f]+> "
+                        r"\(formatting it failed: builtins\.RuntimeError\)", first), first
+    assert second == "'%s' (formatting its arguments failed: RuntimeError('no str()'))"
+
+
 async def test_records_arrive_with_the_worker_and_the_call_at_the_callers_levels(
         records: Records) -> None:
     with anyio.fail_after(30):

@@ -317,7 +317,7 @@ class _Capture(logging.Handler):
         try:
             message = record.getMessage()
         except Exception as exc:  # as logging's own formatting would fail: say why, in place
-            message = f"{record.msg!r} (formatting its arguments failed: {exc!r})"
+            message = _unformattable(record.msg, exc)
         if len(message) > TEXT_AT_MOST:
             message = _cut(message)  # counted as sent: a huge record is cut, not dropped
         size = len(message) + _ENTRY_COST
@@ -338,6 +338,16 @@ class _Capture(logging.Handler):
 
 
 _formatter = logging.Formatter()
+
+
+def _unformattable(msg: object, exc: Exception) -> str:
+    """A record's message when ``getMessage()`` raised ``exc``: what it was, and why (without
+    raising: ``msg``'s ``repr()`` may fail as its ``str()`` did)."""
+    try:
+        return f"{msg!r} (formatting its arguments failed: {exc!r})"
+    except Exception:
+        return (f"{object.__repr__(msg)} (formatting it failed: "
+                f"{type(exc).__module__}.{type(exc).__qualname__})")
 
 
 def _outside_forwarding_calls(record: logging.LogRecord) -> bool:
