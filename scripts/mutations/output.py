@@ -181,7 +181,7 @@ MUTATIONS: list[Mutation] = [
         name="output-unformattable-message-raises",
         path="src/anywool/runtime/_output.py",
         old="""            message = _unformattable(record.msg, exc)""",
-        new="""            message = f"{record.msg!r} (formatting its arguments failed: {exc!r})"""",
+        new='''            message = f"{record.msg!r} (formatting its arguments failed: {exc!r})"''',
         tests=(f"{OUTPUT}::test_a_message_that_cannot_be_formatted_is_said_and_raises_nothing",),
         why="the capture never raises into the code that logs, also for a message whose str() "
             "and repr() fail",
