@@ -136,4 +136,12 @@ MUTATIONS: list[Mutation] = [
         tests=(TOP,),
         why="README: a worker that refuses our credentials is shown as refused, with why",
     ),
+    Mutation(
+        name="top-nan-seconds-accepted",
+        path="src/anywool/cli/_top_command.py",
+        old="""    if math.isnan(value):""",
+        new="""    if value != value and False:""",
+        tests=("tests/integration/test_stats.py::test_top_refuses_nan_seconds",),
+        why="anywool top refuses --interval nan and --timeout nan as usage errors",
+    ),
 ]

@@ -140,6 +140,17 @@ def test_top_of_a_missing_namespace_is_exit_1(namespace: str) -> None:
     assert namespace in result.stderr
 
 
+@pytest.mark.parametrize("option", ["--interval", "--timeout"])
+def test_top_refuses_nan_seconds(namespace: str, option: str) -> None:
+    # click's FloatRange lets NaN through: every worker was "unreachable" (--timeout), or
+    # the live view crashed after its first table (--interval).
+    result = subprocess.run([sys.executable, "-m", "anywool.cli", "top", namespace, option,
+                             "nan"], capture_output=True, text=True, timeout=30, cwd=REPO,
+                            env=_environment(None))
+    assert result.returncode == 2 and result.stdout == ""
+    assert f"Invalid value for '{option}': nan is not a number of seconds" in result.stderr
+
+
 async def test_stats_are_answered_while_the_worker_drains(tmp_path: Path) -> None:
     gate = str(tmp_path / "gate")
     with anyio.fail_after(30):

@@ -24,6 +24,7 @@ Presentation only (click, rich): the facts are the workers'.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -69,11 +70,20 @@ __all__ = ["top"]
 _PIPED_WIDTH = 1 << 12
 
 
+def _seconds(param: click.Parameter, value: float) -> float:
+    """``value`` unless NaN, which ``FloatRange`` lets through (every comparison is false)."""
+    if math.isnan(value):
+        raise click.BadParameter("nan is not a number of seconds", param=param)
+    return value
+
+
 @click.command()
 @click.argument("namespace")
 @click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
+              callback=lambda _, param, value: _seconds(param, value),
               help="Seconds between refreshes.")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
+              callback=lambda _, param, value: _seconds(param, value),
               help="Seconds each worker gets to connect and answer.")
 @click.option("--once", is_flag=True, help="Print one table and exit.")
 @click.option("--secret-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
