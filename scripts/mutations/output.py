@@ -186,4 +186,13 @@ MUTATIONS: list[Mutation] = [
         why="the capture never raises into the code that logs, also for a message whose str() "
             "and repr() fail",
     ),
+    Mutation(
+        name="output-lock-not-reentrant",
+        path="src/anywool/runtime/_output.py",
+        old="""        self.lock = threading.RLock()""",
+        new="""        self.lock = threading.Lock()""",
+        tests=(f"{OUTPUT}::test_a_finalizer_that_logs_during_output_does_not_deadlock",),
+        why="a finalizer that logs, run by a collection while the capture holds its lock, "
+            "must not deadlock the worker",
+    ),
 ]

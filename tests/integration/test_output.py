@@ -171,6 +171,46 @@ async def test_a_message_that_cannot_be_formatted_is_said_and_raises_nothing(
     assert second == "'%s' (formatting its arguments failed: RuntimeError('no str()'))"
 
 
+class Finalized:
+    """Says so when collected, as asyncio's "Task was destroyed but it is pending!" does."""
+
+    def __del__(self) -> None:
+        log.warning("finalized")
+
+
+@routine
+async def makes_cyclic_garbage(n: int) -> int:
+    import gc
+
+    threshold = gc.get_threshold()
+    try:
+        for step in (10, 100, 700):  # collections at other allocations each time
+            gc.set_threshold(step)
+            for i in range(n):
+                garbage = Finalized()
+                garbage.itself = garbage  # type: ignore[attr-defined]
+                del garbage
+                print("line", i)
+        gc.collect()
+    finally:
+        gc.set_threshold(*threshold)
+    return os.getpid()
+
+
+async def test_a_finalizer_that_logs_during_output_does_not_deadlock(records: Records) -> None:
+    # A collection runs finalizers at whatever allocation triggers it, also one made while
+    # the capture holds its lock, in the same thread and the call's context: the finalizer's
+    # record must not wait for that lock (the worker hung, and was killed as stuck).
+    lines: list[OutputLine] = []
+    with anyio.fail_after(20):
+        async with WorkerPool(spawn=1, on_output=lines.append):
+            assert isinstance(await makes_cyclic_garbage(300), int)
+    assert [line.text for line in lines] == [f"line {i}" for i in range(300)] * 3
+    # Finalizers run where a collection happens: mostly in the call (forwarded), sometimes in
+    # another of the worker's threads (its stderr, as any output outside a call).
+    assert set(records.messages()) == {"finalized"}
+
+
 async def test_records_arrive_with_the_worker_and_the_call_at_the_callers_levels(
         records: Records) -> None:
     with anyio.fail_after(30):

@@ -190,7 +190,11 @@ class Forwarder:
 
     def __init__(self, frames: FrameStream, start_soon: Callable[..., Any],
                  call_soon_threadsafe: Callable[..., Any]) -> None:
-        self.lock = threading.Lock()
+        # Reentrant: the garbage collector may run a finalizer that logs or prints (asyncio's
+        # "Task was destroyed but it is pending!", a ResourceWarning) at any allocation made
+        # while this is held, in this thread and in the call's context: it must not wait for
+        # itself.
+        self.lock = threading.RLock()
         self._frames = frames
         self._start_soon = start_soon
         self._call_soon = call_soon_threadsafe
