@@ -195,4 +195,13 @@ MUTATIONS: list[Mutation] = [
         why="a finalizer that logs, run by a collection while the capture holds its lock, "
             "must not deadlock the worker",
     ),
+    Mutation(
+        name="output-async-on-output-accepted",
+        path="src/anywool/runtime/_output.py",
+        old="""    if inspect.iscoroutinefunction(on_output):""",
+        new="""    if False:""",
+        tests=(f"{OUTPUT}::test_the_options_are_checked",),
+        why="an async on_output is refused at construction (its coroutines would never run: "
+            "every line lost, a RuntimeWarning each)",
+    ),
 ]

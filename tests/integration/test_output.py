@@ -3,6 +3,7 @@ and ``on_output`` when the call returns (issue 23, item 1)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -448,5 +449,13 @@ def test_the_options_are_checked() -> None:
         WorkerPool(spawn=1, on_output="stderr")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="on_output is never called"):
         WorkerPool(spawn=1, forward_output=False, on_output=print)
+
+    async def shows(line: OutputLine) -> None:  # its coroutines would never be awaited
+        pass
+
+    with pytest.raises(TypeError, match="must be a plain function, got the coroutine"):
+        WorkerPool(spawn=1, on_output=shows)
+    with pytest.raises(TypeError, match="must be a plain function, got the coroutine"):
+        WorkerProxy("ns", on_output=functools.partial(shows))
     with pytest.raises(TypeError, match="forward_output must be a bool"):
         WorkerProxy("ns", forward_output=None)  # type: ignore[arg-type]

@@ -29,6 +29,7 @@ connection's reader; grow without bound; block the event loop on a thread.
 from __future__ import annotations
 
 import contextvars
+import inspect
 import io
 import logging
 import sys
@@ -548,7 +549,8 @@ def _size(entry: OutputEntry) -> int:
 def check_options(forward_output: object, on_output: object) -> Output | None:
     """The :class:`Output` of a pool or proxy given these options (``None``: forwarding off).
 
-    :raises TypeError: ``forward_output`` is not a bool, or ``on_output`` not callable.
+    :raises TypeError: ``forward_output`` is not a bool, or ``on_output`` not callable, or a
+        coroutine function (it is called synchronously: its coroutines would never run).
     :raises ValueError: ``on_output`` given with ``forward_output=False``.
     """
     if not isinstance(forward_output, bool):
@@ -556,6 +558,9 @@ def check_options(forward_output: object, on_output: object) -> Output | None:
     if on_output is not None and not callable(on_output):
         raise TypeError(f"on_output must be a callable taking an anywool.OutputLine, or None, "
                         f"got {on_output!r}")
+    if inspect.iscoroutinefunction(on_output):
+        raise TypeError(f"on_output is called synchronously, from a connection's reader: it "
+                        f"must be a plain function, got the coroutine function {on_output!r}")
     if not forward_output:
         if on_output is not None:
             raise ValueError("on_output is never called with forward_output=False")

@@ -206,7 +206,7 @@ class WorkerProxy(SingleUse):
         positionally and as ``discovery=``, or neither way; ``uri_tags`` are given with a
         subscriber or are not ``str``; ``loadbalancer`` is not a ``LoadBalancerLike`` instance;
         ``tags`` is a ``str``; a count is not an ``int``; ``forward_output`` is not a
-        ``bool``, or ``on_output`` neither callable nor ``None``.
+        ``bool``, or ``on_output`` neither callable nor ``None``, or a coroutine function.
     :raises ValueError: a timeout or count is out of range, ``secret`` is too short, or
         ``on_output`` is given with ``forward_output=False``.
 
