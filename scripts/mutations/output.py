@@ -204,4 +204,14 @@ MUTATIONS: list[Mutation] = [
         why="an async on_output is refused at construction (its coroutines would never run: "
             "every line lost, a RuntimeWarning each)",
     ),
+    Mutation(
+        name="output-relayed-drop-count-bounded",
+        path="src/anywool/runtime/_output.py",
+        old="""                relay.put(entry, _size(entry), force=entry[0] == OUTPUT_DROPPED)""",
+        new="""                relay.put(entry, _size(entry))""",
+        tests=("tests/unit/test_output.py::"
+               "test_a_nested_calls_drop_count_is_relayed_past_the_bound",),
+        why="a nested call's drop count reaches the outermost caller also when the relaying "
+            "call's bound is reached (what is dropped is said)",
+    ),
 ]

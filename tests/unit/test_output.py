@@ -158,3 +158,21 @@ def test_partial_lines_join_whole_across_writes() -> None:
         sink.write("stdout", piece)
     sink.end_lines()
     assert [entry[4] for entry in lines.entries] == "".join(pieces).split("\n")
+
+
+def test_a_nested_calls_drop_count_is_relayed_past_the_bound() -> None:
+    # A routine calling a routine relays the inner call's entries into its own call's sink;
+    # when that is full, the lines go, but the inner drop count must not (it says what the
+    # inner bound took: lost here, some hundred thousand drops were said as "1 line").
+    forwarder = _output.Forwarder(None, lambda *args: None, lambda *args: None)  # type: ignore[arg-type]
+    relay = forwarder.sink(1)
+    filler: list[object] = [envelope.OUTPUT_LINE, SOURCE, 1.0, "stdout", "x"]
+    for _ in range(_output.PENDING_AT_MOST):
+        relay.put(filler, 100)
+    assert relay.dropped == 0
+    entries = [[envelope.OUTPUT_LINE, None, 2.0, "stdout", "inner line"],
+               [envelope.OUTPUT_DROPPED, None, 3.0, 123_456]]
+    _output.Output().receive(envelope.encode_output(entries), SOURCE, relay)
+    assert relay.dropped == 1  # the line: over the bound
+    queued = forwarder._entries[-1][1]
+    assert queued == [envelope.OUTPUT_DROPPED, SOURCE, 3.0, 123_456]

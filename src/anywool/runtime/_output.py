@@ -113,8 +113,8 @@ class Sink:
         """Make this the sink of the current context (the call's task)."""
         return _sink.set(self)
 
-    def put(self, entry: OutputEntry, size: int) -> None:
-        self.forwarder.put(self, entry, size)
+    def put(self, entry: OutputEntry, size: int, *, force: bool = False) -> None:
+        self.forwarder.put(self, entry, size, force=force)
 
     def write(self, stream: str, text: str) -> None:
         """Take ``text`` written to ``stream``: each whole line becomes an entry."""
@@ -482,7 +482,8 @@ class Output:
             if entry[1] is None:
                 entry[1] = source
             if relay is not None:
-                relay.put(entry, _size(entry))
+                # A drop count goes whatever the bound: it says what the bound took.
+                relay.put(entry, _size(entry), force=entry[0] == OUTPUT_DROPPED)
                 continue
             try:
                 self._emit(entry)
