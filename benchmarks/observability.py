@@ -425,8 +425,8 @@ def _print_tables(runs: dict[str, Any], backends: list[str], labels: list[str],
         workers = [v["results"]["spans"].get("workers", 0) for v in traced]
         console.print(f"Traced runs: the caller's exporter got {min(caller):,.0f}-"
                       f"{max(caller):,.0f} spans, the workers' {min(workers):,.0f}-"
-                      f"{max(workers):,.0f}, for {_calls_made(traced[0]):,} calls (and the few asking the workers; medians "
-                      "over the repeats).")
+                      f"{max(workers):,.0f}, for {_calls_made(traced[0]):,} calls (and the "
+                      "few asking the workers; medians over the repeats).")
     tree, forwarding, mode = base_label.split("/")
     console.print(f"output: forwarding on or off (default: the tree's pool default). "
                   f"÷ base: to {tree}, output {forwarding}, OpenTelemetry {mode} (calls/s: "
