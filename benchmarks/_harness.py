@@ -160,13 +160,16 @@ def tail(text: str, lines: int = 25) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def run_child(command: list[str], out: Path, timeout: float) -> ChildResult:
-    """Run one measurement child that writes its figures as JSON to ``out``."""
+def run_child(command: list[str], out: Path, timeout: float,
+              env: Mapping[str, str] | None = None) -> ChildResult:
+    """Run one measurement child that writes its figures as JSON to ``out``; its environment
+    is ``env`` (default: this process's)."""
     out.unlink(missing_ok=True)
     # A session of its own, so that on a hang the child and any process it started (workers,
     # a helper) can be ended together; on every ordinary exit they are reaped by the child.
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env=None if env is None else dict(env),
     )
     try:
         stdout, stderr = process.communicate(timeout=timeout)

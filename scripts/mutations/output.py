@@ -18,6 +18,7 @@ FLOOD = f"{OUTPUT}::test_a_flood_is_bounded_and_its_drops_said_once"
 HOST = f"{OUTPUT}::test_an_anywool_worker_host_forwards_to_the_calling_pool"
 LIVE = f"{OUTPUT}::test_output_arrives_while_the_call_runs"
 ORDER = f"{OUTPUT}::test_a_calls_output_precedes_each_of_its_replies_on_the_stream"
+LEVELS = f"{OUTPUT}::test_a_worker_passes_what_the_callers_logging_lets_through_when_it_starts"
 MODULE = "src/anywool/runtime/_output.py"
 
 MUTATIONS: list[Mutation] = [
@@ -213,5 +214,39 @@ MUTATIONS: list[Mutation] = [
                "test_a_nested_calls_drop_count_is_relayed_past_the_bound",),
         why="a nested call's drop count reaches the outermost caller also when the relaying "
             "call's bound is reached (what is dropped is said)",
+    ),
+    Mutation(
+        name="output-worker-passes-every-level",
+        path="src/anywool/runtime/_pool.py",
+        old="return _output.lowest_level() if self._output_level is None else self._output_level",
+        new="return logging.NOTSET if self._output_level is None else self._output_level",
+        tests=(LEVELS,),
+        why="README: a spawned worker passes the lowest level the caller's logging lets through",
+    ),
+    Mutation(
+        name="output-lowest-level-ignores-other-loggers",
+        path="src/anywool/runtime/_output.py",
+        old="        if level != logging.NOTSET and level < lowest:",
+        new="        if False:",
+        tests=(RECORDS,),
+        why="README: DEBUG once any logger here is set to DEBUG",
+    ),
+    Mutation(
+        name="output-off-switch-lowers-the-workers-level",
+        path="src/anywool/runtime/_pool.py",
+        old="""        if not self._forward_output:
+            return None
+""",
+        new="",
+        tests=(LEVELS,),
+        why="README: with forward_output=False a worker keeps its own level (WARNING)",
+    ),
+    Mutation(
+        name="output-host-keeps-its-own-level",
+        path="src/anywool/cli/_worker_command.py",
+        old="    pool._output_level = logging.NOTSET",
+        new="    pass",
+        tests=(HOST,),
+        why="README: an anywool worker host passes every level",
     ),
 ]

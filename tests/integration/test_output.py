@@ -212,10 +212,26 @@ async def test_a_finalizer_that_logs_during_output_does_not_deadlock(records: Re
     assert set(records.messages()) == {"finalized"}
 
 
+@routine
+async def root_level() -> int:
+    return logging.getLogger().level
+
+
 async def test_records_arrive_with_the_worker_and_the_call_at_the_callers_levels(
+        records: Records) -> None:
+    # Another logger of the caller lets DEBUG through: so do the workers spawned from now on.
+    logging.getLogger("tests.output.other").setLevel(logging.DEBUG)
+    try:
+        await _records_arrive_with_the_worker_and_the_call_at_the_callers_levels(records)
+    finally:
+        logging.getLogger("tests.output.other").setLevel(logging.NOTSET)
+
+
+async def _records_arrive_with_the_worker_and_the_call_at_the_callers_levels(
         records: Records) -> None:
     with anyio.fail_after(30):
         async with WorkerPool(spawn=1) as pool:
+            assert await root_level() == _output.lowest_level() <= logging.DEBUG
             pid, started = await chatty(7)
             [worker] = pool.workers
             # Emitted by the time the call returned; DEBUG is below the caller's level.
@@ -366,6 +382,20 @@ async def test_forward_output_false_leaves_it_on_the_workers_stderr(
     assert "m4rk printed\n" in err
     assert re.search(r"anywool\.worker\[\d+\] m4rk warned\n", err)
     assert "m4rk informed" not in err  # below the worker's WARNING, as ever
+
+
+async def test_a_worker_passes_what_the_callers_logging_lets_through_when_it_starts(
+        records: Records) -> None:
+    # The caller's lowest level (INFO: the records fixture's logger; the root is at WARNING)
+    # is the spawned worker's root level: a DEBUG record costs the worker a level check only.
+    with anyio.fail_after(30):
+        async with WorkerPool(spawn=1):
+            assert await root_level() == logging.INFO
+            logging.getLogger(LOGGER).setLevel(logging.DEBUG)  # later: not seen by the worker
+            await chatty(5)
+            assert records.messages() == ["hello 5", "it failed"]
+        async with WorkerPool(spawn=1, forward_output=False):
+            assert await root_level() == logging.WARNING  # its own: nothing is forwarded
 
 
 async def test_nested_calls_reach_the_outermost_caller_with_the_innermost_worker(

@@ -25,6 +25,7 @@ so that one arriving as the interpreter exits does not kill it after it said ``s
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import stat
@@ -180,6 +181,9 @@ def worker(discovery: str, namespace: str, workers: int, host: str | None,
                           shutdown_timeout=drain)
     except (TypeError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
+    # Its workers serve other processes: every record reaches their callers, whose levels
+    # decide (this process's own logging says nothing of theirs).
+    pool._output_level = logging.NOTSET  # pyright: ignore[reportPrivateUsage]
     # Noted, never ignored, until the event loop's receiver takes over: one that arrives while
     # the command starts must stop it (it is honoured as soon as the receiver opens).
     _noted.clear()

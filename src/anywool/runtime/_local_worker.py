@@ -34,7 +34,7 @@ from anywool._owner import SingleUse
 from anywool._teardown import graceful_then_forceful
 from anywool.errors import WorkerError
 from anywool.metadata import WorkerMetadata
-from anywool.runtime import _auth, _socket_dir
+from anywool.runtime import _auth, _output, _socket_dir
 from anywool.runtime._peer import PEER_GONE
 from anywool.runtime._server import STOP_TAIL
 from anywool.runtime._worker import (
@@ -122,6 +122,9 @@ class LocalWorker(SingleUse):
         the secret.
     :param namespace: the namespace the worker is announced in, which its spans name
         (``None``: none).
+    :param output_level: the level from which the worker's root logger passes records (to
+        callers that forward output: see :mod:`anywool.runtime._output`); ``None``: the
+        worker's own (WARNING), for callers that forward nothing.
     :raises ValueError: ``host`` is given without any credentials (the message says what to
         pass), or an argument is out of range.
     :raises TypeError: an argument has the wrong type.
@@ -149,9 +152,11 @@ class LocalWorker(SingleUse):
         secret: bytes | str | None = None,
         tls: _auth.MutualTLS | None = None,
         namespace: str | None = None,
+        output_level: int | None = logging.NOTSET,
     ) -> None:
         self._backend = _validate.backend(backend)
         self._namespace = namespace
+        self._output_level = output_level
         self._uid = uuid.uuid4()  # made here: the worker learns it (for its spans)
         self._bind, self._credentials = tcp_endpoint(host, secret, tls)
         self._tags = _validate.tag_set("tags", tags)
@@ -192,6 +197,8 @@ class LocalWorker(SingleUse):
         env[SYS_PATH_ENV] = json.dumps([p for p in sys.path if isinstance(p, str)])
         env[PARENT_PID_ENV] = str(os.getpid())  # its lifeline watches us (see _lifeline)
         env[UID_ENV] = str(self._uid)
+        env[_output.LEVEL_ENV] = (_output.KEEP_LEVEL if self._output_level is None
+                                  else str(self._output_level))
         env.pop(NAMESPACE_ENV, None)
         if self._namespace is not None and "\0" not in self._namespace:
             env[NAMESPACE_ENV] = self._namespace

@@ -32,6 +32,7 @@ import contextvars
 import inspect
 import io
 import logging
+import os
 import sys
 import threading
 import time
@@ -398,12 +399,49 @@ class _Stream:
 _installed = False
 
 
-def install() -> None:
+#: The environment variable by which a pool tells the workers it spawns the level their root
+#: logger passes (:func:`lowest_level`), or :data:`KEEP_LEVEL`.
+LEVEL_ENV = "ANYWOOL_OUTPUT_LEVEL"
+#: ``$ANYWOOL_OUTPUT_LEVEL`` for a worker whose callers forward nothing: its levels stay.
+KEEP_LEVEL = "keep"
+
+
+def lowest_level() -> int:
+    """The lowest level this process's logging lets through anywhere: its root logger's
+    effective level, or a lower one set on any logger. A worker whose root logger passes this
+    level and up forwards every record its caller would emit, and drops the rest at the cost
+    of a level check, as the caller would (a record below every level a caller's loggers have
+    is never emitted there)."""
+    lowest = logging.getLogger().getEffectiveLevel()
+    for logger in list(logging.Logger.manager.loggerDict.values()):
+        level = getattr(logger, "level", logging.NOTSET)  # a PlaceHolder has none
+        if level != logging.NOTSET and level < lowest:
+            lowest = level
+    return lowest
+
+
+def level_from_environment() -> int | None:
+    """The root level a spawning pool asked for in ``$ANYWOOL_OUTPUT_LEVEL`` (removed from
+    the environment): ``None`` to keep the worker's own; every level (``NOTSET``) when not
+    set, as for a worker run by hand or hosting callers of other processes."""
+    text = os.environ.pop(LEVEL_ENV, None)
+    if text is None:
+        return logging.NOTSET
+    if text == KEEP_LEVEL:
+        return None
+    try:
+        return max(logging.NOTSET, int(text))
+    except ValueError:
+        log.warning("ignoring malformed $%s %r", LEVEL_ENV, text)
+        return logging.NOTSET
+
+
+def install(level: int | None = logging.NOTSET) -> None:
     """Capture this process's output for the calls that forward it (once; later calls do
-    nothing). The root logger passes every level from now on, so that a routine's records
-    reach the caller, whose levels decide; its handlers so far keep the root's former level
-    (WARNING in a worker) and leave out what forwarding calls log, so the worker's stderr
-    shows what it showed before."""
+    nothing). The root logger passes ``level`` and up from now on (``None``: its level stays),
+    so that a routine's records reach the caller, whose levels decide; its handlers so far
+    keep the root's former level (WARNING in a worker) and leave out what forwarding calls
+    log, so the worker's stderr shows what it showed before."""
     global _installed
     if _installed:
         return
@@ -413,7 +451,8 @@ def install() -> None:
         if handler.level == logging.NOTSET:
             handler.setLevel(root.getEffectiveLevel())
         handler.addFilter(_outside_forwarding_calls)
-    root.setLevel(logging.NOTSET)
+    if level is not None:
+        root.setLevel(level)
     root.addHandler(_Capture())
     sys.stdout = _Stream(sys.stdout, "stdout")  # type: ignore[assignment]
     sys.stderr = _Stream(sys.stderr, "stderr")  # type: ignore[assignment]

@@ -215,6 +215,10 @@ class WorkerPool(SingleUse):
     ) -> None:
         _output.check_options(forward_output, on_output)  # here: errors at construction
         self._forward_output = forward_output
+        # The root level of the workers this pool spawns: what this process's logging lets
+        # through when each starts (None: they keep theirs). An `anywool worker` host serves
+        # other processes' calls: it sets NOTSET (every record; their callers' levels decide).
+        self._output_level: int | None = None
         self._on_output = on_output
         self._spawn = None if spawn is None else _validate.count("spawn", spawn, upper=MAX_SPAWN)
         if host is not None and spawn is None and discovery is not None:
@@ -283,6 +287,11 @@ class WorkerPool(SingleUse):
     def workers(self) -> list[LocalWorker]:
         """The workers this pool spawned and that are running now (empty when it spawns none)."""
         return list(self._workers)
+
+    def _spawned_output_level(self) -> int | None:
+        if not self._forward_output:
+            return None
+        return _output.lowest_level() if self._output_level is None else self._output_level
 
     def _adopted(self, worker: LocalWorker) -> None:
         """Called with each worker the pool starts, its first ones and every replacement, once
@@ -457,7 +466,8 @@ class WorkerPool(SingleUse):
                                  max_concurrency=self._max_concurrency, host=self._host,
                                  secret=None if credentials is None else credentials.secret,
                                  tls=None if credentials is None else credentials.tls,
-                                 namespace=self._worker_namespace)
+                                 namespace=self._worker_namespace,
+                                 output_level=self._spawned_output_level())
             try:
                 async with worker:
                     born = anyio.current_time()

@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> None:
     _apply_parent_environment()
     logging.basicConfig(level=logging.WARNING, format="anywool.worker[%(process)d] %(message)s")
     # What routines log and print goes to their callers (see runtime._output); the rest here.
-    _output.install()
+    _output.install(_output.level_from_environment())
     # Default SIGINT handling would raise KeyboardInterrupt; we want "drain" instead.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     serializer.take_interrupts_as_values()  # so only a value can raise one here
