@@ -222,18 +222,16 @@ MUTATIONS: list[Mutation] = [
         name="context-not-applied-at-a-generator-step",
         path=_SERVER,
         old="""                _context.apply(values)
-                item: Any = None""",
-        new="""                item: Any = None""",
+                traced = None if call.telemetry is None else call.telemetry.step(step.trace)""",
+        new="""                traced = None if call.telemetry is None else call.telemetry.step(step.trace)""",
         tests=("tests/integration/test_context.py::test_values_travel_at_every_step_of_an_async_generator",),
         why="README: an async generator routine does the same at every step",
     ),
     Mutation(
         name="current-task-caller-id-dropped",
         path=_CONNECTION,
-        old="""            _running_task_id(),
-            origin,""",
-        new="""            None,
-            origin,""",
+        old="""        caller = _running_task_id()""",
+        new="""        caller = None""",
         tests=("tests/integration/test_nested.py::test_a_routine_calls_routines_three_levels_deep",),
         why="README: current_task().caller_id is the id of the call of the routine that called "
             "this one",
@@ -283,8 +281,8 @@ MUTATIONS: list[Mutation] = [
         name="exiting-proxy-keeps-taking-calls",
         path="src/anywool/runtime/_proxy.py",
         old="""        self._active = False
-        if self._token is not None:""",
-        new="""        if self._token is not None:""",
+        _telemetry.watch(self, False)""",
+        new="""        _telemetry.watch(self, False)""",
         tests=("tests/integration/test_pool_teardown.py::test_a_call_made_after_exit_began_is_refused",),
         why="README: on exit a pool stops taking calls (a late call raises RuntimeError)",
     ),
@@ -309,7 +307,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="watch-of-an-unowned-namespace-exits-0",
         path="src/anywool/cli/_watch_command.py",
-        old="""                    return f"namespace {namespace!r} has no live owner\"""",
+        old="""                    return f"namespace {namespace!r} has no live owner{elsewhere}\"""",
         new="""                    return None""",
         tests=("tests/integration/test_ops_cli.py::test_an_unknown_namespace_is_exit_1",),
         why="README: a namespace without a live owner when the watch starts is exit status 1",
@@ -395,8 +393,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="step-deadline-not-carried",
         path=_CONNECTION,
-        old="""Step(value, _seconds_left(), _dump_context(self.name))""",
-        new="""Step(value, None, _dump_context(self.name))""",
+        old="""Step(value, _seconds_left(), _dump_context(self.name),""",
+        new="""Step(value, None, _dump_context(self.name),""",
         tests=("tests/integration/test_dispatch_edges.py::test_current_task_describes_the_call_on_its_worker",),
         why="README: an async generator's steps each carry the deadline in effect where that "
             "step is awaited",

@@ -105,8 +105,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="output-not-sent-before-the-exception",
         path="src/anywool/runtime/_server.py",
-        old="        if call.output is not None and call.output.dirty:\n            await call.output.flush()\n        changes = None",
-        new="        changes = None",
+        old="        if call.output is not None and call.output.dirty:\n            await call.output.flush()\n        if call.telemetry is not None:\n            call.telemetry.failed(exc)\n",
+        new="        if call.telemetry is not None:\n            call.telemetry.failed(exc)\n",
         tests=(ORDER,),
         why="README: ... or raises",
     ),
