@@ -464,8 +464,9 @@ def _print_tables(runs: dict[str, Any], backends: list[str], labels: list[str],
             table.add_row(name, unit, *(_cell(_figure(runs, f"{THIS}/{f}/{FLOOD}", b, section,
                                                       field), fmt) for b, f in flood_keys))
         console.print(table)
-        console.print("Forwarding off: the worker still makes the records (its root logger "
-                      "passes every level), and its stderr handler filters them out.")
+        console.print("Forwarding off: the worker keeps its own level (WARNING), so its INFO "
+                      "records are never made; forwarding on, its root logger passes the lowest "
+                      "level this process's logging lets through (INFO here).")
 
     table = Table(title="Targets of issue 23", title_justify="left")
     table.add_column("target", no_wrap=True)
