@@ -105,4 +105,17 @@ MUTATIONS: list[Mutation] = [
         why="an exception whose str() raises reaches the caller as itself, its spans say it "
             "failed (the SDK's record_exception calls str())",
     ),
+    Mutation(
+        name="otel-server-counted-before-its-span-starts",
+        path="src/anywool/runtime/_telemetry.py",
+        old="""        key = self.key = (name, namespace)
+        self.span = self.token = None""",
+        new="""        key = self.key = (name, namespace)
+        _server_active[key] = _server_active.get(key, 0) + 1
+        self.span = self.token = None""",
+        tests=("tests/integration/test_telemetry.py::"
+               "test_a_call_whose_span_cannot_start_is_not_left_in_flight",),
+        why="a call whose SERVER span cannot start is never counted in flight (nothing would "
+            "take the count back)",
+    ),
 ]

@@ -28,7 +28,7 @@ from opentelemetry import metrics, trace  # noqa: E402
 from opentelemetry.metrics import _internal as metrics_internal  # noqa: E402
 from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
     InMemorySpanExporter,
@@ -37,6 +37,7 @@ from opentelemetry.util._once import Once  # noqa: E402
 
 from anywool import run_sync  # noqa: E402
 from anywool.errors import RoutineCancelled  # noqa: E402
+from anywool.runtime import _telemetry  # noqa: E402
 from anywool.runtime._pool import WorkerPool  # noqa: E402
 from anywool.runtime._proxy import WorkerProxy  # noqa: E402
 from anywool.runtime._routine import routine  # noqa: E402
@@ -418,3 +419,28 @@ def test_without_opentelemetry_calls_work_and_nothing_is_imported(tmp_path: Path
                             timeout=60, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[] []"
+
+
+class _RaisesOnStart(SpanProcessor):
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        raise RuntimeError("a broken span processor")
+
+
+def test_a_call_whose_span_cannot_start_is_not_left_in_flight() -> None:
+    # The server side of a call, in this process: a span processor that raises on start fails
+    # the span's creation (the SDK's to contain); the call was never counted in flight, so no
+    # count is left behind that nothing will take back.
+    provider = TracerProvider()
+    provider.add_span_processor(_RaisesOnStart())
+    _reset_globals()
+    trace.set_tracer_provider(provider)
+    try:
+        telemetry = _telemetry.current()
+        assert telemetry is not None and telemetry.tracer is not None
+        before = dict(_telemetry._server_active)
+        with pytest.raises(RuntimeError, match="broken span processor"):
+            telemetry.server("doomed", "coroutine", None, 1, "unix:/nowhere")
+        assert _telemetry._server_active == before
+    finally:
+        _reset_globals()
+        provider.shutdown()

@@ -439,8 +439,10 @@ class Server:
             # not: an interruption there would cut an import halfway).
             set_active(self.nested.dispatcher(request.origin, call.name))
             _interrupt.current.set(call)
-            if request.forward:  # what the routine logs and prints goes to its caller
-                call.output = self._forwarders[frames].sink(call.id)
+            forwarder = self._forwarders.get(frames) if request.forward else None
+            if forwarder is not None:  # what the routine logs and prints goes to its caller
+                # (none: the connection ended since the ACK went; the call is being cancelled)
+                call.output = forwarder.sink(call.id)
                 call.output.open()
             telemetry = _telemetry.current()
             if telemetry is not None:  # its span, current in this task until the call ends

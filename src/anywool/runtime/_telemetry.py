@@ -452,7 +452,6 @@ class ServerCall:
         if namespace is not None:
             attributes["anywool.namespace"] = namespace
         key = self.key = (name, namespace)
-        _server_active[key] = _server_active.get(key, 0) + 1
         self.span = self.token = None
         if telemetry.tracer is not None:
             parent = None if trace is None else telemetry.extract(trace)
@@ -461,6 +460,9 @@ class ServerCall:
                     **attributes, **worker, "anywool.call.kind": kind,
                     "anywool.call.id": call_id, "anywool.worker.address": address})
             self.token = telemetry.attach(telemetry.in_context(span, parent))
+        # Counted once nothing above can raise (a span processor's on_start may): only a call
+        # that will be finished is in flight.
+        _server_active[key] = _server_active.get(key, 0) + 1
         self.start = time.perf_counter()
 
     def step(self, trace: dict[str, str] | None) -> Any:
