@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -226,3 +227,17 @@ def leftover(runtime_dir: Path, prefix: str, *, age: float = 60.0) -> str:
     then = time.time() - age
     os.utime(path, (then, then))
     return path.name
+
+
+class Records(logging.Handler):
+    """A logging handler that keeps what it is given (records as they are, not formatted)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def messages(self) -> list[str]:
+        return [record.getMessage() for record in self.records]

@@ -16,6 +16,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 
+from tests.integration import otel_points
+
 PATH = os.environ["ANYWOOL_TEST_OTEL_FILE"]
 _lock = threading.Lock()
 
@@ -56,18 +58,8 @@ metrics.set_meter_provider(MeterProvider(metric_readers=[_reader]))
 
 
 def points() -> dict:
-    """Every metric point recorded so far: {name: [(attributes, value or histogram count)]}."""
-    found: dict = {}
-    data = _reader.get_metrics_data()
-    for resource in data.resource_metrics if data is not None else ():
-        for scope in resource.scope_metrics:
-            for metric in scope.metrics:
-                for point in metric.data.data_points:
-                    value = getattr(point, "count", None)
-                    if value is None:
-                        value = point.value  # type: ignore[attr-defined]
-                    found.setdefault(metric.name, []).append([dict(point.attributes), value])
-    return found
+    """Every metric point recorded so far in this worker."""
+    return otel_points.points(_reader)
 
 
 def _at_exit() -> None:

@@ -23,6 +23,7 @@ from anywool.runtime import _output
 from anywool.runtime._connection import drive_stream
 from anywool.runtime._wire import Frame, Kind
 
+from ..helpers import Records
 from .children import stop
 from .test_worker_command import host
 
@@ -30,18 +31,6 @@ pytestmark = pytest.mark.anyio
 
 LOGGER = "tests.output.worker"
 log = logging.getLogger(LOGGER)
-
-
-class Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def messages(self) -> list[str]:
-        return [record.getMessage() for record in self.records]
 
 
 @pytest.fixture
@@ -136,7 +125,7 @@ async def talks_then_waits(text: str, in_a_thread: bool) -> None:
         await anyio.to_thread.run_sync(print, text)  # the loop is woken from there
     else:
         print(text)
-    await anyio.sleep(60)  # the forwarder sends it meanwhile
+    await anyio.sleep_forever()  # runs until its caller cancels it: the line must come first
 
 
 @routine

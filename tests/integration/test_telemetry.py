@@ -43,6 +43,7 @@ from anywool.runtime._proxy import WorkerProxy  # noqa: E402
 from anywool.runtime._routine import routine  # noqa: E402
 
 from ..helpers import Signal, wait_until  # noqa: E402
+from .otel_points import points  # noqa: E402
 from .routines import hold_until_cancelled  # noqa: E402
 
 pytestmark = pytest.mark.anyio
@@ -112,8 +113,8 @@ class Otel:
     def worker_points(self) -> dict[str, list[list[Any]]]:
         found: dict[str, list[list[Any]]] = {}
         for line in self._lines():
-            for name, points in line.get("metrics", {}).items():
-                found.setdefault(name, []).extend(points)
+            for name, recorded in line.get("metrics", {}).items():
+                found.setdefault(name, []).extend(recorded)
         return found
 
     def _lines(self) -> list[dict[str, Any]]:
@@ -121,18 +122,8 @@ class Otel:
             return []
         return [json.loads(line) for line in self.path.read_text().splitlines()]
 
-    def points(self) -> dict[str, list[tuple[dict[str, Any], Any]]]:
-        found: dict[str, list[tuple[dict[str, Any], Any]]] = {}
-        data = self.reader.get_metrics_data()
-        for resource in data.resource_metrics if data is not None else ():
-            for scope in resource.scope_metrics:
-                for metric in scope.metrics:
-                    for point in metric.data.data_points:
-                        value = getattr(point, "count", None)
-                        if value is None:
-                            value = point.value  # type: ignore[attr-defined]
-                        found.setdefault(metric.name, []).append((dict(point.attributes), value))
-        return found
+    def points(self) -> dict[str, list[list[Any]]]:
+        return points(self.reader)
 
 
 def _reset_globals() -> None:

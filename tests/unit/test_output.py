@@ -15,6 +15,8 @@ from anywool.runtime import _envelope as envelope
 from anywool.runtime import _output
 from anywool.runtime._wire import FrameError
 
+from ..helpers import Records
+
 SOURCE = ["0f3c", "unix:/w", 42, "crunch", 7]
 
 
@@ -47,15 +49,6 @@ def test_entries_round_trip() -> None:
 def test_a_malformed_payload_is_refused(payload: bytes) -> None:
     with pytest.raises(FrameError):
         envelope.decode_output(payload)
-
-
-class Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
 
 
 @pytest.fixture
