@@ -67,9 +67,6 @@ def current_backend() -> str:
         return "asyncio"
     return sniffio.current_async_library()
 
-
-_version = anywool_version
-
 def tcp_endpoint(host: object, secret: object, tls: object
                  ) -> tuple[Address | None, _auth.Credentials | None]:
     """The TCP address to bind (port 0) for ``host`` and the credentials (``None`` for a Unix
@@ -251,7 +248,7 @@ class LocalWorker(SingleUse):
                 uid=self._uid,
                 address=address,
                 pid=process.pid,
-                version=_version(),
+                version=anywool_version(),
                 tags=self._tags,
                 extra=self._extra,
                 secure=self._bind is not None,

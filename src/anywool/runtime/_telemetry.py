@@ -43,6 +43,8 @@ from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from typing import Any
 
+from anywool.runtime._stats import anywool_version
+
 #: The system name of the RPC semantic conventions.
 SYSTEM = "anywool"
 #: The event added to a call's spans when its caller cancelled it.
@@ -117,20 +119,14 @@ def _refresh(tracer_provider: object, meter_provider: object) -> Telemetry | Non
                      else tracer_provider)
     if provider is not None and not isinstance(
             provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
-        tracer = provider.get_tracer("anywool", _version())
+        tracer = provider.get_tracer("anywool", anywool_version())
     provider = metrics.get_meter_provider() if meter_provider is _MISSING else meter_provider
     if provider is not None and not isinstance(provider, metrics.NoOpMeterProvider) \
             and type(provider).__name__ != "_ProxyMeterProvider":
-        meter = provider.get_meter("anywool", _version())
+        meter = provider.get_meter("anywool", anywool_version())
     state = None if tracer is None and meter is None else Telemetry(tracer, meter)
     _seen = (tracer_provider, meter_provider)
     return state
-
-
-def _version() -> str:
-    from anywool.runtime._local_worker import _version as version
-
-    return version()
 
 
 def set_worker(uid: str | None, namespace: str | None) -> None:
