@@ -73,8 +73,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="output-off-switch-ignored-by-the-worker",
         path="src/anywool/runtime/_server.py",
-        old="            if request.forward:  # what the routine logs and prints goes to its caller",
-        new="            if True:  # what the routine logs and prints goes to its caller",
+        old="            forwarder = self._forwarders.get(frames) if request.forward else None",
+        new="            forwarder = self._forwarders.get(frames)",
         tests=(OFF,),
         why="README: forward_output=False leaves the output on the workers' stderr",
     ),
