@@ -40,6 +40,8 @@ def describe(span: ReadableSpan) -> dict:
         "attributes": dict(span.attributes or {}),
         "status": span.status.status_code.name,
         "events": [event.name for event in span.events],
+        "start": span.start_time,
+        "end": span.end_time,
         "pid": os.getpid(),
     }
 

@@ -131,8 +131,8 @@ class WorkerConnection(SingleUse):
     :param identity: the worker's uid and pid, which its output is tagged with (``None``: not
         known).
     :param attributes: what the spans and metrics of this connection's calls say about the
-        worker (``anywool.worker.uid``, ``anywool.worker.address``, ``anywool.namespace``; see
-        :mod:`anywool.runtime._telemetry`).
+        worker (a proxy's: ``anywool.worker.uid``, ``anywool.namespace``; default:
+        ``anywool.worker.address``; see :mod:`anywool.runtime._telemetry`).
 
     Entering raises :class:`~anywool.errors.WorkerError` when the worker cannot be reached within
     ``connect_timeout``, :class:`~anywool.errors.AuthenticationError` when a TCP worker and

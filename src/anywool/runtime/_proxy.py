@@ -938,8 +938,7 @@ class WorkerProxy(SingleUse):
 
     def _worker_attributes(self, metadata: WorkerMetadata) -> dict[str, str]:
         """What the spans and metrics of calls to ``metadata``'s worker say about it."""
-        attributes = {"anywool.worker.uid": str(metadata.uid),
-                      "anywool.worker.address": metadata.address}
+        attributes = {"anywool.worker.uid": str(metadata.uid)}
         if self._namespace is not None:
             attributes["anywool.namespace"] = self._namespace
         return attributes

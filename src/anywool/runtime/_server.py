@@ -448,7 +448,7 @@ class Server:
             if telemetry is not None:  # its span, current in this task until the call ends
                 call.telemetry = telemetry.server(
                     call.name, "generator" if call.streaming else "function" if request.plain
-                    else "coroutine", request.trace, call.id, self.address)
+                    else "coroutine", request.trace)
             if call.streaming:
                 await self._run_generator(frames, call, request.caller, body, args, kwargs)
             else:

@@ -25,7 +25,13 @@ What a call records (names in the README, "Tracing and metrics"):
 * a SERVER span per call in the worker, child of the carried context, current in the call's
   own task (contextvars: asyncio and trio alike) for the whole call, so the calls a routine
   makes are its children; a generator's step runs with the server span current and that
-  step's baggage;
+  step's baggage. The SDK's span is made when first needed (a child span, the routine reading
+  it, a failure, the call's end: see :class:`_Deferred`), dated back to the call's start: a
+  routine that never looks at it has its reply sent before the SDK's work is done (that work
+  is most of what tracing adds to a round trip; measured in ``benchmarks/observability.py``);
+* the trace context in the W3C format, written and read here when the global propagator is
+  OpenTelemetry's default (trace context and baggage) and there is no baggage or trace state
+  to carry, through the propagator otherwise;
 * the durations, calls in flight, busy refusals, queue waits, workers by state and discovery
   events as metrics.
 
@@ -36,10 +42,14 @@ SDK's own processors log.)
 
 from __future__ import annotations
 
+import logging
+import os
+import re
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from typing import Any
 
@@ -54,12 +64,20 @@ CANCELLED_EVENT = "anywool.cancelled"
 _BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
             1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _MISSING = object()
+# A traceparent as the default propagator reads it in full (version 00, lower-case hex).
+_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+_W3C_FIELDS = frozenset({"traceparent", "tracestate", "baggage"})
+
+log = logging.getLogger("anywool.telemetry")
 
 _modules = sys.modules
 # The API modules, once somebody imported opentelemetry.trace: (trace, metrics internals).
 _trace: Any = None
 _metrics: Any = None
 _seen: tuple[object, object] = (None, None)  # the providers `state` was made for
+# The global propagator when it was OpenTelemetry's default one at _bind (``None`` otherwise):
+# while it is still the global one, the trace context is written and read here (see carry()).
+_w3c: Any = None
 
 #: What :func:`current` last found: the instrumentation of the configured providers, or
 #: ``None`` (nothing configured, or OpenTelemetry not imported).
@@ -98,13 +116,21 @@ def current() -> Telemetry | None:
 
 
 def _bind() -> Any:
-    global _trace, _metrics
-    from opentelemetry import trace
+    global _trace, _metrics, _w3c
+    from opentelemetry import propagate, trace
     from opentelemetry.metrics import _internal as metrics
 
     # Providers named in OTEL_PYTHON_*_PROVIDER are loaded by the first get_*_provider().
     trace.get_tracer_provider()
     metrics.get_meter_provider()
+    # The default propagator: trace context and baggage, unless $OTEL_PROPAGATORS said
+    # otherwise (what it loads is then somebody else's format) or it was replaced already.
+    configured = os.environ.get("OTEL_PROPAGATORS", "tracecontext,baggage")
+    textmap = propagate.get_global_textmap()
+    if [name.strip() for name in configured.split(",")] == ["tracecontext", "baggage"] \
+            and type(textmap).__name__ == "CompositePropagator" \
+            and set(textmap.fields) == _W3C_FIELDS:
+        _w3c = textmap
     _metrics = metrics
     _trace = trace
     return trace
@@ -178,24 +204,31 @@ def sending(call_id: int, attributes: Mapping[str, str]
     telemetry = state  # a bare connection's call: the current context, if traced
     if telemetry is None or telemetry.tracer is None:
         return None, None
-    carrier: dict[str, str] = {}
-    telemetry.inject(carrier)
-    return None, carrier or None
+    return None, telemetry.carry(None)
 
 
 class Telemetry:
     """The instruments of one configured pair of providers (either may be missing)."""
 
     def __init__(self, tracer: Any, meter: Any) -> None:
-        from opentelemetry import context, propagate, trace
+        from opentelemetry import baggage, context, propagate, trace
 
         self.tracer = tracer
         self.meter = meter
         self.inject = propagate.inject
         self.extract = propagate.extract
+        self.textmap = propagate.get_global_textmap
+        self.baggage = baggage.get_all
         self.attach = context.attach
         self.detach = context.detach
+        self.Context = context.Context
         self.in_context = trace.set_span_in_context
+        self.current_span = trace.get_current_span
+        self.SpanContext = trace.SpanContext
+        self.TraceFlags = trace.TraceFlags
+        self.NonRecordingSpan = trace.NonRecordingSpan
+        self.invalid_span = trace.INVALID_SPAN
+        self.Deferred: Any = _deferred_class(trace.Span)
         self.client_kind = trace.SpanKind.CLIENT
         self.server_kind = trace.SpanKind.SERVER
         self.error = trace.StatusCode.ERROR
@@ -229,9 +262,47 @@ class Telemetry:
     def client(self, name: str, kind: str, namespace: str | None) -> ClientCall:
         return ClientCall(self, name, kind, namespace)
 
-    def server(self, name: str, kind: str, trace: dict[str, str] | None, call_id: int,
-               address: str) -> ServerCall:
-        return ServerCall(self, name, kind, trace, call_id, address)
+    def server(self, name: str, kind: str, trace: dict[str, str] | None) -> ServerCall:
+        return ServerCall(self, name, kind, trace)
+
+    def carry(self, span: Any) -> dict[str, str] | None:
+        """The trace context that carries ``span`` (``None``: the current span) with the
+        current baggage; ``None`` when there is nothing to carry.
+
+        With the default propagator, no trace state and no baggage (the usual case) the
+        ``traceparent`` is written here, as that propagator would write it, for a fraction of
+        its cost."""
+        w3c = _w3c
+        if w3c is not None and self.textmap() is w3c:
+            context = (self.current_span() if span is None else span).get_span_context()
+            if not context.trace_state and not self.baggage():
+                if not context.is_valid:
+                    return None
+                return {"traceparent": f"00-{context.trace_id:032x}-{context.span_id:016x}-"
+                                       f"{context.trace_flags:02x}"}
+        carrier: dict[str, str] = {}
+        self.inject(carrier, context=None if span is None else self.in_context(span))
+        return carrier or None
+
+    def parent(self, carrier: dict[str, str]) -> Any:
+        """The context ``carrier`` (a call's or a step's trace context) describes: the remote
+        parent span and its baggage."""
+        w3c = _w3c
+        if w3c is not None and len(carrier) == 1 and self.textmap() is w3c:
+            match = _TRACEPARENT.fullmatch(carrier.get("traceparent", ""))
+            if match is not None:
+                trace_id, span_id, flags = match.groups()
+                context = self.SpanContext(int(trace_id, 16), int(span_id, 16), True,
+                                           self.TraceFlags(int(flags, 16)))
+                if context.is_valid:
+                    return self.in_context(self.NonRecordingSpan(context), self.Context())
+        return self.extract(carrier)  # anything else: as the propagator reads it
+
+    def plain(self, carrier: dict[str, str] | None) -> bool:
+        """Whether ``carrier`` holds a parent span and nothing a routine could read (no
+        baggage): its context can wait until the span is made."""
+        return carrier is None or (len(carrier) == 1 and _w3c is not None
+                                   and self.textmap() is _w3c and "traceparent" in carrier)
 
     def refused(self, call: Any, attributes: Mapping[str, str] | None) -> None:
         """A worker refused ``call`` (a connection's ``_Call``, if it is still known) as
@@ -341,9 +412,14 @@ class ClientCall:
 
     def _start(self, attributes: Mapping[str, Any]) -> Any:
         telemetry = self.telemetry
-        span = self.span = telemetry.tracer.start_span(
-            self.name, kind=telemetry.client_kind, start_time=self.started_ns, attributes={
-                **self.attributes, "anywool.call.kind": self.kind, **attributes})
+        try:
+            span = telemetry.tracer.start_span(
+                self.name, kind=telemetry.client_kind, start_time=self.started_ns,
+                attributes={**self.attributes, "anywool.call.kind": self.kind, **attributes})
+        except Exception:  # a span processor that raises: the call goes on untraced
+            _failed_to_start(self.name)
+            span = telemetry.invalid_span
+        self.span = span
         return span
 
     def send(self, call_id: int, attributes: Mapping[str, str]) -> dict[str, str] | None:
@@ -354,21 +430,16 @@ class ClientCall:
             return None
         span = self.span
         if span is None:
-            span = self._start({**attributes, "anywool.call.id": call_id})
+            span = self._start(attributes)
         else:
-            span.set_attributes({**attributes, "anywool.call.id": call_id})
-        carrier: dict[str, str] = {}
-        telemetry.inject(carrier, context=telemetry.in_context(span))
-        return carrier or None
+            span.set_attributes(attributes)
+        return telemetry.carry(span)
 
     def carry_step(self) -> dict[str, str] | None:
         """The trace context a step of this stream carries: its span, the current baggage."""
-        telemetry = self.telemetry
         if self.span is None:
             return None
-        carrier: dict[str, str] = {}
-        telemetry.inject(carrier, context=telemetry.in_context(self.span))
-        return carrier or None
+        return self.telemetry.carry(self.span)
 
     def finish(self, exc: BaseException | None = None) -> None:
         """End the call (once): with ``exc``, it failed (or was cancelled, for a
@@ -431,15 +502,96 @@ class _Attached:
             self.client.finish(exc)
 
 
+def _failed_to_start(name: str) -> None:
+    log.warning("the span of a call to %s could not be started; the call goes on without it",
+                name, exc_info=True)
+
+
+def _deferred_class(span_class: Any) -> Any:
+    """The class :class:`_Deferred` (made here: its base is the API's ``Span``, imported
+    only once somebody else imported OpenTelemetry)."""
+
+    class Deferred(span_class):  # type: ignore[misc, valid-type]
+        __doc__ = _Deferred.__doc__
+        __slots__ = ("_make", "_span", "_lock")
+
+        def __init__(self, make: Callable[[], Any]) -> None:
+            self._make: Callable[[], Any] | None = make
+            self._span: Any = None
+            self._lock = threading.Lock()  # a routine's threads may reach it too
+
+        def made(self) -> bool:
+            return self._span is not None
+
+        def real(self) -> Any:
+            span = self._span
+            if span is None:
+                with self._lock:
+                    span = self._span
+                    if span is None:
+                        make = self._make
+                        assert make is not None
+                        span = self._span = make()
+                        self._make = None  # what it held can go
+            return span
+
+        def get_span_context(self) -> Any:
+            return self.real().get_span_context()
+
+        def is_recording(self) -> bool:
+            return self.real().is_recording()
+
+        def set_attributes(self, attributes: Any) -> None:
+            self.real().set_attributes(attributes)
+
+        def set_attribute(self, key: str, value: Any) -> None:
+            self.real().set_attribute(key, value)
+
+        def add_event(self, name: str, attributes: Any = None, timestamp: Any = None) -> None:
+            self.real().add_event(name, attributes, timestamp)
+
+        def add_link(self, context: Any, attributes: Any = None) -> None:
+            self.real().add_link(context, attributes)
+
+        def update_name(self, name: str) -> None:
+            self.real().update_name(name)
+
+        def set_status(self, status: Any, description: Any = None) -> None:
+            self.real().set_status(status, description)
+
+        def record_exception(self, exception: BaseException, attributes: Any = None,
+                             timestamp: Any = None, escaped: bool = False) -> None:
+            self.real().record_exception(exception, attributes, timestamp, escaped)
+
+        def end(self, end_time: Any = None) -> None:
+            self.real().end(end_time)
+
+        def __repr__(self) -> str:
+            return f"<deferred {self._span!r}>"
+
+    return Deferred
+
+
+class _Deferred:
+    """A call's SERVER span, made by the SDK when first needed: when a span starts under it,
+    the routine reads or changes it (``trace.get_current_span()``), the call fails, or it
+    ends; made then with the call's start time, its parent and its attributes, it is the
+    span it would have been, its processors' ``on_start`` only later. Until then it costs a
+    closure. Made once, under a lock (a routine's threads see it too). A span that cannot be
+    made (a processor's ``on_start`` raised) is logged and replaced by a non-recording one:
+    the call goes on."""
+
+
 class ServerCall:
-    """One call in the worker: its SERVER span, current in the call's task from its creation
-    to :meth:`finish` (which must run in that task), and its duration and in-flight count."""
+    """One call in the worker: its SERVER span (made when first needed, see
+    :class:`_Deferred`), current in the call's task from its creation to :meth:`finish`
+    (which must run in that task), and its duration and in-flight count."""
 
     __slots__ = ("telemetry", "span", "token", "start", "attributes", "key", "cancelled",
                  "failed_as")
 
     def __init__(self, telemetry: Telemetry, name: str, kind: str,
-                 trace: dict[str, str] | None, call_id: int, address: str) -> None:
+                 trace: dict[str, str] | None) -> None:
         self.telemetry = telemetry
         self.cancelled = False
         self.failed_as: str | None = None
@@ -447,18 +599,31 @@ class ServerCall:
         namespace = worker.get("anywool.namespace")
         if namespace is not None:
             attributes["anywool.namespace"] = namespace
-        key = self.key = (name, namespace)
+        self.key = (name, namespace)
         self.span = self.token = None
         if telemetry.tracer is not None:
-            parent = None if trace is None else telemetry.extract(trace)
-            span = self.span = telemetry.tracer.start_span(
-                name, context=parent, kind=telemetry.server_kind, attributes={
-                    **attributes, **worker, "anywool.call.kind": kind,
-                    "anywool.call.id": call_id, "anywool.worker.address": address})
+            # A parent with baggage is read now (the routine sees the baggage); a bare parent
+            # (or none) when the span is made.
+            parent = None if telemetry.plain(trace) else telemetry.parent(trace)  # type: ignore[arg-type]
+            started_ns = time.time_ns()
+            tracer = telemetry.tracer
+
+            def make() -> Any:
+                # Explicit, never the current context: that holds this very span.
+                context = parent if parent is not None else telemetry.Context() \
+                    if trace is None else telemetry.parent(trace)
+                try:
+                    return tracer.start_span(
+                        name, context=context, kind=telemetry.server_kind,
+                        start_time=started_ns, attributes={
+                            **attributes, **worker, "anywool.call.kind": kind})
+                except Exception:
+                    _failed_to_start(name)
+                    return telemetry.invalid_span
+
+            span = self.span = telemetry.Deferred(make)
             self.token = telemetry.attach(telemetry.in_context(span, parent))
-        # Counted once nothing above can raise (a span processor's on_start may): only a call
-        # that will be finished is in flight.
-        _server_active[key] = _server_active.get(key, 0) + 1
+        _server_active[self.key] = _server_active.get(self.key, 0) + 1
         self.start = time.perf_counter()
 
     def step(self, trace: dict[str, str] | None) -> Any:
@@ -467,7 +632,7 @@ class ServerCall:
         telemetry = self.telemetry
         if trace is None or self.span is None:
             return None
-        return telemetry.attach(telemetry.in_context(self.span, telemetry.extract(trace)))
+        return telemetry.attach(telemetry.in_context(self.span, telemetry.parent(trace)))
 
     def step_done(self, token: Any) -> None:
         if token is not None:

@@ -1,0 +1,259 @@
+"""The trace context anywool writes and reads itself (the default propagator's format, for a
+fraction of its cost) and the SERVER span made when first needed: in this process, against the
+OpenTelemetry SDK's own propagator and spans."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("opentelemetry.sdk")
+
+from opentelemetry import baggage, context, propagate, trace  # noqa: E402
+from opentelemetry.propagators.composite import CompositePropagator  # noqa: E402
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
+    InMemorySpanExporter,
+)
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF  # noqa: E402
+from opentelemetry.trace.propagation.tracecontext import (  # noqa: E402
+    TraceContextTextMapPropagator,
+)
+from opentelemetry.util._once import Once  # noqa: E402
+
+from anywool.runtime import _telemetry  # noqa: E402
+
+TRACE_ID, SPAN_ID = 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331
+
+
+def _reset() -> None:
+    trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
+    trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
+
+
+def _configure(provider: TracerProvider) -> _telemetry.Telemetry:
+    _reset()
+    trace.set_tracer_provider(provider)
+    telemetry = _telemetry.current()
+    assert telemetry is not None and telemetry.tracer is not None
+    return telemetry
+
+
+@pytest.fixture
+def exporter() -> Iterator[InMemorySpanExporter]:
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    _configure(provider)
+    try:
+        yield spans
+    finally:
+        _reset()
+        provider.shutdown()
+
+
+@pytest.fixture
+def telemetry(exporter: InMemorySpanExporter) -> _telemetry.Telemetry:
+    current = _telemetry.current()
+    assert current is not None
+    return current
+
+
+def _remote(flags: int = 1, state: trace.TraceState | None = None) -> trace.Span:
+    return trace.NonRecordingSpan(trace.SpanContext(
+        TRACE_ID, SPAN_ID, is_remote=True, trace_flags=trace.TraceFlags(flags),
+        trace_state=state))
+
+
+def _injected(span: trace.Span) -> dict[str, str]:
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=trace.set_span_in_context(span))
+    return carrier
+
+
+def test_the_default_propagator_is_recognised(telemetry: _telemetry.Telemetry) -> None:
+    assert _telemetry._w3c is propagate.get_global_textmap()
+
+
+@pytest.mark.parametrize("flags", [0, 1, 3])
+def test_carry_writes_what_the_propagator_writes(telemetry: _telemetry.Telemetry,
+                                                 flags: int) -> None:
+    span = _remote(flags)
+    assert telemetry.carry(span) == _injected(span) == {
+        "traceparent": f"00-{TRACE_ID:032x}-{SPAN_ID:016x}-{flags:02x}"}
+
+
+def test_carry_leaves_trace_state_and_baggage_to_the_propagator(
+        telemetry: _telemetry.Telemetry) -> None:
+    span = _remote(state=trace.TraceState([("vendor", "v1")]))
+    assert telemetry.carry(span) == _injected(span)
+    assert telemetry.carry(span)["tracestate"] == "vendor=v1"  # type: ignore[index]
+    token = context.attach(baggage.set_baggage("k", "v"))
+    try:
+        plain = _remote()
+        assert telemetry.carry(plain) == _injected(plain)
+        assert telemetry.carry(plain)["baggage"] == "k=v"  # type: ignore[index]
+    finally:
+        context.detach(token)
+
+
+def test_carry_of_no_valid_span_is_nothing(telemetry: _telemetry.Telemetry) -> None:
+    assert telemetry.carry(trace.INVALID_SPAN) is None
+    assert telemetry.carry(None) is None  # no current span
+
+
+@pytest.mark.parametrize("header", [
+    f"00-{TRACE_ID:032x}-{SPAN_ID:016x}-01",
+    f"00-{TRACE_ID:032x}-{SPAN_ID:016x}-00",
+    f"00-{TRACE_ID:032X}-{SPAN_ID:016x}-01",  # upper case: not the format
+    f"00-{0:032x}-{SPAN_ID:016x}-01",  # no trace id
+    f"00-{TRACE_ID:032x}-{0:016x}-01",  # no span id
+    f"01-{TRACE_ID:032x}-{SPAN_ID:016x}-01-extra",  # a later version, with more
+    f"ff-{TRACE_ID:032x}-{SPAN_ID:016x}-01",  # an invalid version
+    f"00-{TRACE_ID:032x}-{SPAN_ID:016x}-01-",  # version 00 with a tail
+    f" 00-{TRACE_ID:032x}-{SPAN_ID:016x}-01",
+    f"00-{TRACE_ID:031x}_-{SPAN_ID:016x}-01",
+    "",
+])
+def test_parent_reads_what_the_propagator_reads(telemetry: _telemetry.Telemetry,
+                                                header: str) -> None:
+    carrier = {"traceparent": header}
+    mine = trace.get_current_span(telemetry.parent(carrier)).get_span_context()
+    theirs = trace.get_current_span(propagate.extract(carrier)).get_span_context()
+    assert (mine.trace_id, mine.span_id, mine.trace_flags, mine.is_remote, mine.is_valid) \
+        == (theirs.trace_id, theirs.span_id, theirs.trace_flags, theirs.is_remote,
+            theirs.is_valid)
+
+
+def test_parent_with_baggage_is_the_propagators(telemetry: _telemetry.Telemetry) -> None:
+    carrier = {"traceparent": f"00-{TRACE_ID:032x}-{SPAN_ID:016x}-01", "baggage": "k=v"}
+    assert not telemetry.plain(carrier)
+    assert baggage.get_baggage("k", telemetry.parent(carrier)) == "v"
+    assert telemetry.plain({"traceparent": carrier["traceparent"]}) and telemetry.plain(None)
+
+
+def test_another_propagator_is_used_as_it_is(telemetry: _telemetry.Telemetry) -> None:
+    class Marked(TraceContextTextMapPropagator):
+        def inject(self, carrier: Any, context: Any = None, setter: Any = None) -> None:
+            super().inject(carrier, context)
+            carrier["marked"] = "yes"
+
+    before = propagate.get_global_textmap()
+    propagate.set_global_textmap(CompositePropagator([Marked()]))
+    try:
+        carried = telemetry.carry(_remote())
+        assert carried is not None and carried["marked"] == "yes"
+        assert not telemetry.plain({"traceparent": carried["traceparent"]})
+    finally:
+        propagate.set_global_textmap(before)
+
+
+def _server_span(exporter: InMemorySpanExporter, name: str) -> Any:
+    [span] = [span for span in exporter.get_finished_spans() if span.name == name]
+    return span
+
+
+def test_the_server_span_is_made_when_needed_and_dated_back(
+        telemetry: _telemetry.Telemetry, exporter: InMemorySpanExporter) -> None:
+    before = time.time_ns()
+    call = telemetry.server("deferred", "coroutine",
+                            {"traceparent": f"00-{TRACE_ID:032x}-{SPAN_ID:016x}-01"})
+    current = trace.get_current_span()
+    assert current is call.span and not call.span.made()  # type: ignore[attr-defined]
+    time.sleep(0.05)  # the work the span covers
+    made = time.time_ns()
+    child = trace.get_tracer("test").start_span("child")  # needs its parent: made now
+    assert call.span.made()  # type: ignore[attr-defined]
+    child.end()
+    call.finish()
+    span = _server_span(exporter, "deferred")
+    assert before <= span.start_time < made - 40_000_000  # the call's start, not the making
+    assert span.parent is not None and span.parent.span_id == SPAN_ID
+    assert span.context.trace_id == TRACE_ID and span.kind is trace.SpanKind.SERVER
+    assert _server_span(exporter, "child").parent.span_id == span.context.span_id
+    assert trace.get_current_span() is not call.span  # detached at the end
+
+
+def test_an_untouched_server_span_is_made_at_the_end(
+        telemetry: _telemetry.Telemetry, exporter: InMemorySpanExporter) -> None:
+    call = telemetry.server("quiet", "generator", None)
+    assert exporter.get_finished_spans() == ()
+    call.finish()
+    span = _server_span(exporter, "quiet")
+    assert span.parent is None  # no caller's context: a root, not a child of this context
+    assert span.attributes["anywool.call.kind"] == "generator"
+    assert span.attributes["rpc.method"] == "quiet"
+
+
+def test_the_server_span_is_made_once_across_threads(
+        telemetry: _telemetry.Telemetry, exporter: InMemorySpanExporter) -> None:
+    call = telemetry.server("shared", "coroutine", None)
+    barrier = threading.Barrier(8)
+    seen: list[int] = []
+
+    def touch() -> None:
+        barrier.wait()
+        seen.append(call.span.get_span_context().span_id)  # type: ignore[union-attr]
+
+    threads = [threading.Thread(target=touch) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    call.finish()
+    assert len(seen) == 8 and len(set(seen)) == 1
+    assert len([span for span in exporter.get_finished_spans() if span.name == "shared"]) == 1
+
+
+def test_an_unsampled_call_makes_no_recorded_span() -> None:
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    spans = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    telemetry = _configure(provider)
+    try:
+        call = telemetry.server("unsampled", "coroutine", None)
+        assert not trace.get_current_span().is_recording()
+        call.finish()
+        assert spans.get_finished_spans() == ()
+    finally:
+        _reset()
+        provider.shutdown()
+
+
+class _RaisesOnStart(SpanProcessor):
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        raise RuntimeError("a broken span processor")
+
+
+def test_a_span_that_cannot_start_leaves_the_call_untraced(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # A span processor that raises on start: the calls go on untraced, each says so once, and
+    # neither side leaves a call counted in flight.
+    provider = TracerProvider()
+    provider.add_span_processor(_RaisesOnStart())
+    telemetry = _configure(provider)
+    try:
+        client_before, server_before = dict(_telemetry._client_active), \
+            dict(_telemetry._server_active)
+        with caplog.at_level(logging.WARNING, "anywool.telemetry"):
+            server = telemetry.server("doomed", "coroutine", None)
+            assert not trace.get_current_span().get_span_context().is_valid
+            server.failed(LookupError("still reported"))
+            server.finish()
+            client = telemetry.client("doomed", "coroutine", None)
+            with client.attached(finish=True):
+                assert client.send(1, {}) is None  # nothing to carry
+        messages = [record.getMessage() for record in caplog.records]
+        assert messages == ["the span of a call to doomed could not be started; the call goes "
+                            "on without it"] * 2
+        assert _telemetry._client_active == {**client_before, ("doomed", None): 0}
+        assert _telemetry._server_active == {**server_before, ("doomed", None): 0}
+    finally:
+        _reset()
+        provider.shutdown()
