@@ -17,16 +17,21 @@ tables give the median of each figure over the rounds. Measured:
   ``traced`` (an SDK tracer provider batching every span to an exporter that drops them) and
   ``metered`` (the same and an SDK meter provider): the setup (``observability_setup.py``) runs
   in the caller and, through ``$ANYWOOL_WORKER_IMPORT``, in every worker, so every call makes
-  its CLIENT span and its SERVER span;
+  its CLIENT span and its SERVER span; and, forwarding on, ``span``: anywool traces nothing
+  and the measurement wraps each call in one span of the caller's own (the SDK's least cost
+  per call, the floor under the traced figures);
 * the same dispatch figures for older source trees, OpenTelemetry absent and their pool's
   defaults: ``--before REV`` extracts ``src/`` at REV of this repository (``git archive``) into
   a temporary directory, removed at the end, as the tree ``before``; ``--tree NAME=SRC`` names
   any tree (a ``src`` directory) already on disk. The first of them is the base of the ratios
   (without one: this tree with forwarding off and OpenTelemetry absent);
-* a flood, through ``WorkerPool(spawn=1)``, forwarding on and off: a routine logs ``--lines``
-  INFO records as fast as it can (a checkpoint every 10) while another task of the caller
-  awaits ``echo`` on the same worker, one call after the other; its round trip during the
-  flood against the idle round trip measured just before (``--calls`` calls); the records the
+* a flood, through ``WorkerPool(spawn=1)``: a routine logs ``--lines`` INFO records as fast
+  as it can (a checkpoint every 10) while another task of the caller awaits ``echo`` on the
+  same worker, one call after the other, with forwarding on, off, and off with the records
+  made all the same (the routine's own logging: nothing sent), and forwarding on with a
+  checkpoint every line; the round trip during the flood against the idle round trip (the
+  mean of the medians, and of the p99s, of ``--calls`` calls before and as many after the
+  floods: the machine's drift weighs on both sides); the records the
   caller emitted (a counting handler on its ``benchmarks.flood`` logger) and those it was told
   were dropped (the ``anywool.output`` warnings' counts); the caller's peak RSS growth over a
   flood a tenth as long, then over the whole flood; the caller's CPU share. ``--lines 0``
@@ -54,7 +59,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -72,14 +77,22 @@ MIN_THROUGHPUT_CALLS = 1_000
 CHILD_TIMEOUT = 600.0  # seconds for one child run before it is killed (failure path only)
 
 THIS = "now"  # the name of this tree
-MODES = ("absent", "unconfigured", "traced", "metered")
+MODES = ("absent", "unconfigured", "traced", "metered", "span")
 MODE_LABELS = {
     "absent": "absent",
     "unconfigured": "unconfigured",
     "traced": "traced",
     "metered": "traced+metered",
+    "span": "one span of its own",
 }
-FLOOD = "flood"
+FLOOD = "flood"  # a checkpoint every 10 lines
+FLOOD_EACH = "flood-each"  # a checkpoint every line
+FLOODS = {FLOOD: 10, FLOOD_EACH: 1}
+# Flood configurations: (output, what); output "made" is forwarding off with the flood's
+# records made all the same (its logger at INFO): the routine's own logging, nothing sent.
+FLOOD_RUNS = (("on", FLOOD), ("off", FLOOD), ("made", FLOOD), ("on", FLOOD_EACH))
+FLOOD_TITLES = {("on", FLOOD): "forwarding on", ("off", FLOOD): "forwarding off",
+                ("made", FLOOD): "off, records made", ("on", FLOOD_EACH): "on, 1 line/checkpoint"}
 
 # Targets of issue 23 (limits on ratios, and on the caller's memory).
 TARGET_FORWARDING = 1.03  # forwarding on, OpenTelemetry absent ÷ today's round trip
@@ -119,17 +132,35 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
+def _spanned(echo: Callable[[int], Awaitable[Any]], tracer: Any
+             ) -> Callable[[int], Awaitable[Any]]:
+    """``echo`` in one span of the caller's own per call (OpenTelemetry ``span``: the SDK's
+    least cost per call, two attributes as anywool's spans have at the least)."""
+    attributes = {"rpc.system.name": "anywool", "rpc.method": "echo"}
+
+    async def call(i: int) -> Any:
+        span = tracer.start_span("echo", attributes=attributes)
+        try:
+            return await echo(i)
+        finally:
+            span.end()
+
+    return call
+
+
 async def _dispatch(pool_options: dict[str, Any], calls: int,
                     throughput_calls: int) -> dict[str, Any]:
     import anywool
     from observability_routines import echo
 
+    tracer = getattr(sys.modules["observability_setup"], "user_tracer", None)
+    call = echo if tracer is None else _spanned(echo, tracer)
     async with anywool.WorkerPool(spawn=SPAWN, **pool_options):
         cpu = _harness.cpu_seconds()
-        round_trip = await _harness.round_trip(echo, calls)
+        round_trip = await _harness.round_trip(call, calls)
         round_trip["cpu_us_per_call"] = ((_harness.cpu_seconds() - cpu) * 1e6
                                          / (calls + WARMUP_CALLS))
-        throughput = await _harness.throughput(echo, CONCURRENCY, throughput_calls, cpu=True)
+        throughput = await _harness.throughput(call, CONCURRENCY, throughput_calls, cpu=True)
         throughput["cpu_us_per_call"] = throughput.pop("cpu_ms_per_call") * 1e3
         workers = await _worker_spans()
     results: dict[str, Any] = {"round_trip": round_trip, "throughput": throughput}
@@ -153,7 +184,8 @@ async def _worker_spans() -> int | None:
     return sum(counts) if counts else None
 
 
-async def _flood_with_echo(lines: int) -> tuple[list[int], float, float]:
+async def _flood_with_echo(lines: int, made: bool, every: int
+                           ) -> tuple[list[int], float, float]:
     """The flood of ``lines`` and, meanwhile, ``echo`` after ``echo`` on the same worker:
     (the echoes' round trips in ns, the flood's wall time in s, the caller's CPU time in s)."""
     import anyio
@@ -164,7 +196,7 @@ async def _flood_with_echo(lines: int) -> tuple[list[int], float, float]:
     samples: list[int] = []
 
     async def flooding() -> None:
-        await flood(lines)
+        await flood(lines, made=made, every=every)
         done.set()
 
     clock = time.perf_counter_ns
@@ -178,7 +210,8 @@ async def _flood_with_echo(lines: int) -> tuple[list[int], float, float]:
     return samples, time.perf_counter() - start, time.process_time() - cpu
 
 
-async def _flood(pool_options: dict[str, Any], calls: int, lines: int) -> dict[str, Any]:
+async def _flood(pool_options: dict[str, Any], calls: int, lines: int, made: bool,
+                 every: int) -> dict[str, Any]:
     import anywool
     from observability_routines import FLOOD_LOGGER, echo
 
@@ -189,16 +222,20 @@ async def _flood(pool_options: dict[str, Any], calls: int, lines: int) -> dict[s
         logger.setLevel(level)
         logger.propagate = False
     async with anywool.WorkerPool(spawn=FLOOD_SPAWN, **pool_options):
-        idle = await _harness.round_trip(echo, calls)
+        before = await _harness.round_trip(echo, calls)
         rss_start = _peak_rss_mib()
-        await _flood_with_echo(max(1, lines // SHORT_FLOOD))
+        await _flood_with_echo(max(1, lines // SHORT_FLOOD), made, every)
         rss_short = _peak_rss_mib()
         counter.records = counter.dropped = counter.warnings = 0
-        samples, seconds, cpu = await _flood_with_echo(lines)
+        samples, seconds, cpu = await _flood_with_echo(lines, made, every)
         rss_end = _peak_rss_mib()
+        after = await _harness.round_trip(echo, calls)
     during = _harness.summary_ms(samples, "calls")
+    # Idle: the mean of the round trips before and after the floods, so that the machine's
+    # drift over the run (other jobs on a shared machine) weighs on both sides of the ratio.
+    idle = {key: (before[key] + after[key]) / 2 for key in ("median_ms", "p99_ms")}
     return {
-        "idle": idle,
+        "idle": {**idle, "before": before, "after": after},
         "during": during,
         "flood": {
             "lines": lines,
@@ -240,10 +277,11 @@ def _child(label: str, backend: str, calls: int, throughput_calls: int, lines: i
     loadavg = _harness.load_average()
     _tree, forwarding, what = label.split("/")
     options: dict[str, Any] = {}
-    if forwarding in ("on", "off"):
+    if forwarding in ("on", "off", "made"):
         options["forward_output"] = forwarding == "on"
-    if what == FLOOD:
-        results = anyio.run(_flood, options, calls, lines, backend=backend)
+    if what in FLOODS:
+        results = anyio.run(_flood, options, calls, lines, forwarding == "made", FLOODS[what],
+                            backend=backend)
     else:
         results = anyio.run(_dispatch, options, calls, throughput_calls, backend=backend)
         spans = _spans_exported()
@@ -295,9 +333,10 @@ def _extracted(rev: str) -> Iterator[Path]:
 def _labels(references: list[str], lines: int) -> list[str]:
     """Every configuration, as ``tree/forwarding/what``, in the order they run in a round."""
     labels = [f"{name}/default/absent" for name in references]
-    labels += [f"{THIS}/{forwarding}/{mode}" for mode in MODES for forwarding in ("off", "on")]
+    labels += [f"{THIS}/{forwarding}/{mode}" for mode in MODES for forwarding in ("off", "on")
+               if mode != "span" or forwarding == "on"]
     if lines:
-        labels += [f"{THIS}/on/{FLOOD}", f"{THIS}/off/{FLOOD}"]
+        labels += [f"{THIS}/{output}/{what}" for output, what in FLOOD_RUNS]
     return labels
 
 
@@ -361,14 +400,17 @@ def _targets(runs: dict[str, Any], backends: list[str], base: str | None) -> lis
                                          for b in backends})
     row("forwarding on ÷ off, OpenTelemetry absent: round trip", None, "ratio",
         {b: _ratio(rt(on_absent, b), rt(f"{THIS}/off/absent", b)) for b in backends})
-    for mode in ("unconfigured", "traced", "metered"):
+    for mode in ("unconfigured", "traced", "metered", "span"):
         row(f"{MODE_LABELS[mode]} ÷ absent, forwarding on: round trip",
-            TARGET_TRACED if mode != "unconfigured" else None, "ratio",
+            TARGET_TRACED if mode in ("traced", "metered") else None, "ratio",
             {b: _ratio(rt(f"{THIS}/on/{mode}", b), rt(on_absent, b)) for b in backends})
     flood = f"{THIS}/on/{FLOOD}"
     if any(f"{flood}-{b}" in runs for b in backends):
-        row("flood, forwarding on: echo round trip during ÷ idle", TARGET_FLOOD, "ratio",
-            {b: _figure(runs, flood, b, "flood", "echo_ratio") for b in backends})
+        for output, what in FLOOD_RUNS:
+            row(f"flood, {FLOOD_TITLES[output, what]}: echo round trip during ÷ idle",
+                TARGET_FLOOD if output == "on" else None, "ratio",
+                {b: _figure(runs, f"{THIS}/{output}/{what}", b, "flood", "echo_ratio")
+                 for b in backends})
         row("flood, forwarding on: caller's peak RSS growth, whole flood", None, "MiB",
             {b: _figure(runs, flood, b, "flood", "rss_growth_mib") for b in backends})
         row(f"flood, forwarding on: of which beyond a flood {SHORT_FLOOD}× shorter",
@@ -387,7 +429,7 @@ def _print_tables(runs: dict[str, Any], backends: list[str], labels: list[str],
     from rich.table import Table
 
     console = _harness.console()
-    dispatch = [label for label in labels if not label.endswith(f"/{FLOOD}")]
+    dispatch = [label for label in labels if label.split("/")[2] not in FLOODS]
     base_label = base or f"{THIS}/off/absent"
     for backend in backends:
         table = Table(title=f"Round trip (sequential) and throughput ({CONCURRENCY} callers), "
@@ -433,15 +475,15 @@ def _print_tables(runs: dict[str, Any], backends: list[str], labels: list[str],
                   "> 1 is faster). CPU µs: user + system time of the caller and its workers, "
                   "per call.")
 
-    flood_keys = [(b, f) for b in backends for f in ("on", "off")
-                  if f"{THIS}/{f}/{FLOOD}-{b}" in runs]
+    flood_keys = [(b, f, w) for b in backends for f, w in FLOOD_RUNS
+                  if f"{THIS}/{f}/{w}-{b}" in runs]
     if flood_keys:
         table = Table(title=f"A flood of {lines:,} log lines on WorkerPool(spawn={FLOOD_SPAWN}), "
                             "an echo caller on the same worker", title_justify="left")
         table.add_column("measure", no_wrap=True)
         table.add_column("unit", no_wrap=True)
-        for backend, forwarding in flood_keys:
-            table.add_column(f"{backend}\nforwarding {forwarding}", justify="right",
+        for backend, forwarding, what in flood_keys:
+            table.add_column(f"{backend}\n{FLOOD_TITLES[forwarding, what]}", justify="right",
                              no_wrap=True)
         rows = [
             ("echo idle, median", "idle", "median_ms", "ms", "{:.3f}"),
@@ -461,12 +503,15 @@ def _print_tables(runs: dict[str, Any], backends: list[str], labels: list[str],
             ("  growth, whole flood", "flood", "rss_growth_mib", "MiB", "{:.1f}"),
         ]
         for name, section, field, unit, fmt in rows:
-            table.add_row(name, unit, *(_cell(_figure(runs, f"{THIS}/{f}/{FLOOD}", b, section,
-                                                      field), fmt) for b, f in flood_keys))
+            table.add_row(name, unit, *(_cell(_figure(runs, f"{THIS}/{f}/{w}", b, section,
+                                                      field), fmt) for b, f, w in flood_keys))
         console.print(table)
-        console.print("Forwarding off: the worker keeps its own level (WARNING), so its INFO "
-                      "records are never made; forwarding on, its root logger passes the lowest "
-                      "level this process's logging lets through (INFO here).")
+        console.print("A checkpoint every 10 lines, except where it says 1 line. Forwarding "
+                      "off: the worker keeps its own level (WARNING), so its INFO records are "
+                      "never made; off, records made: its flood logger at INFO, so they are "
+                      "made and handled there (the routine's own logging, nothing sent); "
+                      "forwarding on, its root logger passes the lowest level this process's "
+                      "logging lets through (INFO here).")
 
     table = Table(title="Targets of issue 23", title_justify="left")
     table.add_column("target", no_wrap=True)

@@ -20,11 +20,15 @@ async def echo(x: object) -> object:
 
 
 @anywool.routine
-async def flood(lines: int) -> int:
-    """Log ``lines`` INFO records as fast as it can, letting its loop run every 10."""
+async def flood(lines: int, *, made: bool = False, every: int = 10) -> int:
+    """Log ``lines`` INFO records as fast as it can, letting its loop run every ``every``;
+    with ``made``, its logger passes INFO whatever the worker's level (the records are made
+    even where nothing forwards them)."""
+    if made:
+        log.setLevel(logging.INFO)
     for i in range(lines):
         log.info("flood line %d of %d", i, lines)
-        if i % 10 == 9:
+        if i % every == every - 1:
             await anyio.lowlevel.checkpoint()
     return lines
 

@@ -5,14 +5,17 @@
 * ``unconfigured``: the API and the SDK imported, no provider set;
 * ``traced``: an SDK tracer provider, every span sampled and batched to an exporter that drops
   them (the cost of a real exporter's work apart); no meter provider;
-* ``metered``: the same, and an SDK meter provider whose reader nobody collects.
+* ``metered``: the same, and an SDK meter provider whose reader nobody collects;
+* ``span``: no global provider (anywool traces nothing), but a tracer of the caller's own
+  (:data:`user_tracer`, batching to the same dropping exporter) with which the measurement
+  wraps each call in one span: what the SDK costs a call at the least, whoever makes the span.
 """
 
 import os
 import sys
 from collections.abc import Sequence
 
-MODES = ("absent", "unconfigured", "traced", "metered")
+MODES = ("absent", "unconfigured", "traced", "metered", "span")
 MODE = os.environ.get("ANYWOOL_BENCH_OTEL", "absent")
 if MODE not in MODES:
     raise RuntimeError(f"$ANYWOOL_BENCH_OTEL must be one of {', '.join(MODES)}, not {MODE!r}")
@@ -51,9 +54,13 @@ else:
             exported += len(spans)
             return SpanExportResult.SUCCESS
 
-    if MODE in ("traced", "metered"):
+    if MODE in ("traced", "metered", "span"):
         provider = TracerProvider()  # default sampler: every root span, and its children
         provider.add_span_processor(BatchSpanProcessor(_Drop()))
-        trace.set_tracer_provider(provider)
+        if MODE == "span":
+            #: The caller's own tracer, not the global provider's: anywool does not see it.
+            user_tracer = provider.get_tracer("observability")
+        else:
+            trace.set_tracer_provider(provider)
     if MODE == "metered":
         metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
