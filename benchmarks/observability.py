@@ -461,7 +461,8 @@ def _print_tables(runs: dict[str, Any], backends: list[str], labels: list[str],
                 end_section=label == base_label,
             )
         console.print(table)
-    traced = [v for v in runs.values() if "spans" in v["results"]]
+    traced = [v for v in runs.values() if "spans" in v["results"]
+              and v["framework"].split("/")[2] in ("traced", "metered")]
     if traced:
         caller = [v["results"]["spans"].get("caller", 0) for v in traced]
         workers = [v["results"]["spans"].get("workers", 0) for v in traced]

@@ -7,6 +7,7 @@ from mutate import Mutation
 _TELEMETRY = "src/anywool/runtime/_telemetry.py"
 _CONNECTION = "src/anywool/runtime/_connection.py"
 _TESTS = "tests/integration/test_telemetry.py"
+_UNIT = "tests/unit/test_telemetry_context.py"
 
 MUTATIONS: list[Mutation] = [
     Mutation(
@@ -106,16 +107,83 @@ MUTATIONS: list[Mutation] = [
             "failed (the SDK's record_exception calls str())",
     ),
     Mutation(
-        name="otel-server-counted-before-its-span-starts",
-        path="src/anywool/runtime/_telemetry.py",
-        old="""        key = self.key = (name, namespace)
-        self.span = self.token = None""",
-        new="""        key = self.key = (name, namespace)
-        _server_active[key] = _server_active.get(key, 0) + 1
-        self.span = self.token = None""",
-        tests=("tests/integration/test_telemetry.py::"
-               "test_a_call_whose_span_cannot_start_is_not_left_in_flight",),
-        why="a call whose SERVER span cannot start is never counted in flight (nothing would "
-            "take the count back)",
+        name="otel-span-start-failure-fails-the-call",
+        path=_TELEMETRY,
+        old="""                except Exception:
+                    _failed_to_start(name)
+                    return telemetry.invalid_span""",
+        new="""                except ZeroDivisionError:
+                    _failed_to_start(name)
+                    return telemetry.invalid_span""",
+        tests=(f"{_UNIT}::test_a_span_that_cannot_start_leaves_the_call_untraced",),
+        why="a span processor that raises on start leaves the call untraced, not failed",
+    ),
+    Mutation(
+        name="otel-server-span-not-dated-back",
+        path=_TELEMETRY,
+        old="""                        start_time=started_ns, attributes={""",
+        new="""                        attributes={""",
+        tests=(f"{_UNIT}::test_the_server_span_is_made_when_needed_and_dated_back",
+               f"{_TESTS}::test_nested_calls_build_one_trace_across_processes"),
+        why="the worker's span, made when first needed, starts at the call's start",
+    ),
+    Mutation(
+        name="otel-server-span-made-at-once",
+        path=_TELEMETRY,
+        old="""            span = self.span = telemetry.Deferred(make)""",
+        new="""            span = self.span = telemetry.Deferred(make)
+            span.real()""",
+        tests=(f"{_UNIT}::test_the_server_span_is_made_when_needed_and_dated_back",),
+        why="the worker's span is made when first needed: a routine that never looks at it "
+            "has its reply sent before the SDK's work",
+    ),
+    Mutation(
+        name="otel-server-span-made-twice",
+        path=_TELEMETRY,
+        old="""                with self._lock:
+                    span = self._span
+                    if span is None:""",
+        new="""                if True:
+                    if True:""",
+        tests=(f"{_UNIT}::test_the_server_span_is_made_once_across_threads",),
+        why="the deferred span is made once, whichever thread needs it first",
+    ),
+    Mutation(
+        name="otel-root-span-made-in-the-current-context",
+        path=_TELEMETRY,
+        old="""                context = parent if parent is not None else telemetry.Context() \\
+                    if trace is None else telemetry.parent(trace)""",
+        new="""                context = parent if parent is not None else None \\
+                    if trace is None else telemetry.parent(trace)""",
+        tests=(f"{_UNIT}::test_a_root_span_needed_during_the_call_is_a_root",),
+        why="a call without a caller's context makes a root span (the current context holds "
+            "the deferred span itself)",
+    ),
+    Mutation(
+        name="otel-fast-traceparent-ignores-baggage",
+        path=_TELEMETRY,
+        old="""            if not context.trace_state and not self.baggage():""",
+        new="""            if not context.trace_state:""",
+        tests=(f"{_UNIT}::test_carry_leaves_trace_state_and_baggage_to_the_propagator",
+               f"{_TESTS}::test_each_step_carries_the_callers_baggage"),
+        why="the caller's baggage travels with every call and step",
+    ),
+    Mutation(
+        name="otel-fast-traceparent-loose-parse",
+        path=_TELEMETRY,
+        old="""_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")""",
+        new="""_TRACEPARENT = re.compile(r"..-([0-9a-fA-F]{32})-([0-9a-f]{16})-([0-9a-f]{2}).*")""",
+        tests=(f"{_UNIT}::test_parent_reads_what_the_propagator_reads",),
+        why="a traceparent is read as the default propagator reads it, no looser",
+    ),
+    Mutation(
+        name="otel-fast-path-with-another-propagator",
+        path=_TELEMETRY,
+        old="""        if w3c is not None and self.textmap() is w3c:
+            context = (self.current_span() if span is None else span).get_span_context()""",
+        new="""        if w3c is not None:
+            context = (self.current_span() if span is None else span).get_span_context()""",
+        tests=(f"{_UNIT}::test_another_propagator_is_used_as_it_is",),
+        why="a propagator set by the user writes the trace context, not anywool",
     ),
 ]

@@ -4,6 +4,7 @@ OpenTelemetry SDK's own propagator and spans."""
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -191,8 +192,33 @@ def test_an_untouched_server_span_is_made_at_the_end(
     assert span.attributes["rpc.method"] == "quiet"
 
 
+class _SlowStart(SpanProcessor):
+    """Takes its time in ``on_start`` (the GIL released): threads that need the same deferred
+    span meanwhile would each make one, were they not kept out."""
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        time.sleep(0.02)
+
+
+def test_a_root_span_needed_during_the_call_is_a_root(
+        telemetry: _telemetry.Telemetry, exporter: InMemorySpanExporter) -> None:
+    # Made while the call's context is current (which holds the deferred span itself): its
+    # parent must not be looked up there. In a thread of its own, bounded, should it wedge.
+    call = telemetry.server("rooted", "coroutine", None)
+    made: list[Any] = []
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(
+        lambda: made.append(trace.get_current_span().get_span_context()),), daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "making the span wedged"
+    call.finish()
+    span = _server_span(exporter, "rooted")
+    assert span.parent is None and made == [span.context]
+
+
 def test_the_server_span_is_made_once_across_threads(
         telemetry: _telemetry.Telemetry, exporter: InMemorySpanExporter) -> None:
+    trace.get_tracer_provider().add_span_processor(_SlowStart())  # type: ignore[attr-defined]
     call = telemetry.server("shared", "coroutine", None)
     barrier = threading.Barrier(8)
     seen: list[int] = []
