@@ -12,6 +12,14 @@ from anywool import routine
 
 
 @routine
+async def lifespan_state() -> object:
+    """What this worker's lifespan yielded (``anywool.current_worker().state``)."""
+    from anywool import current_worker
+
+    return current_worker().state
+
+
+@routine
 async def whoami() -> int:
     return os.getpid()
 

@@ -20,7 +20,7 @@ from anywool.errors import AuthenticationError
 from anywool.runtime._pool import WorkerPool
 
 from .children import Child, start, stop
-from .routines import letters, parent_pid, whoami
+from .routines import letters, lifespan_state, parent_pid, whoami
 
 pytestmark = pytest.mark.anyio
 
@@ -53,6 +53,23 @@ async def test_a_pool_elsewhere_dispatches_to_the_hosted_workers(
                 assert {await parent_pid() for _ in range(4)} == {child.pid}
                 assert {await whoami() for _ in range(4)} <= pids
                 assert [c async for c in letters("abc")] == ["a", "b", "c"]
+            child.process.send_signal(signal.SIGTERM)
+            assert [await child.readline() for _ in range(2)] == ["stopping", "stopped"]
+            assert await child.wait() == 0
+        finally:
+            await stop([child])
+
+
+async def test_hosted_workers_enter_the_lifespan_named(namespace: str,
+                                                      anyio_backend: str) -> None:
+    with anyio.fail_after(60):
+        child, lines = await host("--discovery", "local", "--namespace", namespace,
+                                  "--backend", anyio_backend,
+                                  "--lifespan", "tests.integration.lifespans:counter")
+        try:
+            [pid] = [int(line.rsplit(" ", 1)[1]) for line in lines]
+            async with WorkerPool(discovery=LocalDiscovery.Subscriber(namespace)):
+                assert await lifespan_state() == {"pid": pid, "calls": 0}
             child.process.send_signal(signal.SIGTERM)
             assert [await child.readline() for _ in range(2)] == ["stopping", "stopped"]
             assert await child.wait() == 0
@@ -103,6 +120,8 @@ def readable_secret(tmp_path: Path) -> str:
     (["--host", "127.0.0.1", "--secret-file", "READABLE"], "accessible to other users"),
     (["--secret-file", "READABLE"], "add --host"),
     (["--host", ""], "host must be a host name"),
+    (["--lifespan", "no_such_module_here:life"], "--lifespan='no_such_module_here:life' cannot"),
+    (["--lifespan", "no_colon"], "--lifespan must be 'module:name'"),
 ])
 async def test_bad_options_are_usage_errors(namespace: str, args: list[str], message: str,
                                             readable_secret: str) -> None:

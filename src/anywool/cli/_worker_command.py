@@ -119,11 +119,16 @@ def _read_secret(path: Path | None) -> bytes | None:
               help="The most calls each worker runs at once (default: no bound).")
 @click.option("--drain", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="Seconds in-flight calls get to finish at shutdown.")
+@click.option("--lifespan", default=None, metavar="MODULE:NAME",
+              help="An async context manager factory each worker enters before it takes "
+                   "calls and exits after its last one (routines reach what it yields as "
+                   "anywool.current_worker().state); imported from the current directory or "
+                   "sys.path.")
 def worker(discovery: str, namespace: str, workers: int, host: str | None,
            secret_file: Path | None, tls_cert: str | None, tls_key: str | None,
            tls_ca: str | None, tags: tuple[str, ...], interfaces: tuple[str, ...],
            etcd_lease_ttl: int | None, join: bool, backend: str, max_concurrency: int | None,
-           drain: float, **etcd: Any) -> None:
+           drain: float, lifespan: str | None, **etcd: Any) -> None:
     """Host worker processes announced into the --namespace NS until SIGINT or SIGTERM.
 
     A pool in another process, or on another host, dispatches to them with
@@ -176,11 +181,13 @@ def worker(discovery: str, namespace: str, workers: int, host: str | None,
             from anywool.discovery.local import LocalDiscovery
 
             where = LocalDiscovery(namespace)
+        if lifespan is not None and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())  # as `python -m` would: the project's modules
         pool = WorkerPool(spawn=workers, discovery=where, tags=tags, backend=backend, host=host,
                           secret=secret, tls=tls, max_concurrency=max_concurrency,
-                          shutdown_timeout=drain)
+                          shutdown_timeout=drain, worker_lifespan=lifespan)
     except (TypeError, ValueError) as exc:
-        raise click.UsageError(str(exc)) from None
+        raise click.UsageError(str(exc).replace("worker_lifespan", "--lifespan")) from None
     # Its workers serve other processes: every record reaches their callers, whose levels
     # decide (this process's own logging says nothing of theirs).
     pool._output_level = logging.NOTSET  # pyright: ignore[reportPrivateUsage]

@@ -7,6 +7,7 @@ from anywool._lazy import exports
 if TYPE_CHECKING:
     from anywool.runtime._auth import MutualTLS
     from anywool.runtime._context import ContextVar
+    from anywool.runtime._lifespan import WorkerInfo, current_worker
     from anywool.runtime._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
     from anywool.runtime._local_worker import LocalWorker
     from anywool.runtime._output import OutputLine
@@ -29,8 +30,10 @@ __all__ = [
     "SerializationWarning",
     "WorkerPool",
     "WorkerProxy",
+    "WorkerInfo",
     "WorkerStats",
     "current_task",
+    "current_worker",
     "resolved",
     "routine",
     "run_sync",
@@ -48,8 +51,10 @@ _WHERE = {
     "SerializationWarning": "anywool.runtime._serializer",
     "WorkerPool": "anywool.runtime._pool",
     "WorkerProxy": "anywool.runtime._proxy",
+    "WorkerInfo": "anywool.runtime._lifespan",
     "WorkerStats": "anywool.runtime._stats",
     "current_task": "anywool.runtime._routine",
+    "current_worker": "anywool.runtime._lifespan",
     "resolved": "anywool.runtime._resolve",
     "routine": "anywool.runtime._routine",
     "run_sync": "anywool.runtime._routine",

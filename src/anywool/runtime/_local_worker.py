@@ -19,7 +19,8 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -34,7 +35,7 @@ from anywool._owner import SingleUse
 from anywool._teardown import graceful_then_forceful
 from anywool.errors import WorkerError
 from anywool.metadata import WorkerMetadata
-from anywool.runtime import _auth, _output, _socket_dir
+from anywool.runtime import _auth, _lifespan, _output, _socket_dir
 from anywool.runtime._peer import PEER_GONE
 from anywool.runtime._server import STOP_TAIL
 from anywool.runtime._worker import (
@@ -122,9 +123,14 @@ class LocalWorker(SingleUse):
     :param output_level: the level from which the worker's root logger passes records (to
         callers that forward output: see :mod:`anywool.runtime._output`); ``None``: the
         worker's own (WARNING), for callers that forward nothing.
+    :param lifespan: an async context manager factory (or ``"module:name"`` naming one) the
+        worker enters before it takes calls and exits after its last one; routines reach what
+        it yields as ``anywool.current_worker().state`` (see
+        :mod:`anywool.runtime._lifespan`). Its entry counts in ``startup_timeout``; one that
+        raises there fails the start with a :class:`~anywool.errors.WorkerError` saying why.
     :raises ValueError: ``host`` is given without any credentials (the message says what to
-        pass), or an argument is out of range.
-    :raises TypeError: an argument has the wrong type.
+        pass), an argument is out of range, or a ``lifespan`` string cannot be imported.
+    :raises TypeError: an argument has the wrong type, or ``lifespan`` cannot be pickled.
 
     Entering raises :class:`~anywool.errors.WorkerError` when the process does not start or
     report its address within ``startup_timeout`` (the process is killed and reaped first), and
@@ -150,7 +156,10 @@ class LocalWorker(SingleUse):
         tls: _auth.MutualTLS | None = None,
         namespace: str | None = None,
         output_level: int | None = logging.NOTSET,
+        lifespan: Callable[[], AbstractAsyncContextManager[Any]] | str | None = None,
     ) -> None:
+        factory = _lifespan.check(lifespan, "lifespan")
+        self._lifespan = None if factory is None else _lifespan.encode(factory, "lifespan")
         self._backend = _validate.backend(backend)
         self._namespace = namespace
         self._output_level = output_level
@@ -197,6 +206,9 @@ class LocalWorker(SingleUse):
         env[_output.LEVEL_ENV] = (_output.KEEP_LEVEL if self._output_level is None
                                   else str(self._output_level))
         env.pop(NAMESPACE_ENV, None)
+        env.pop(_lifespan.LIFESPAN_ENV, None)
+        if self._lifespan is not None:
+            env[_lifespan.LIFESPAN_ENV] = self._lifespan
         if self._namespace is not None and "\0" not in self._namespace:
             env[NAMESPACE_ENV] = self._namespace
         env["PYTHONPATH"] = os.pathsep.join(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterable
-from contextlib import AsyncExitStack
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
 from typing import Any
 from uuid import UUID
@@ -36,7 +36,7 @@ from anywool import _validate
 from anywool._owner import SingleUse, exit_task_group
 from anywool._teardown import Budget, ExitWithin
 from anywool.discovery import DiscoveryLike, DiscoveryPublisherLike, DiscoverySubscriberLike
-from anywool.runtime import _ctrl_c, _output
+from anywool.runtime import _ctrl_c, _lifespan, _output
 from anywool.runtime._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
 from anywool.runtime._auth import MutualTLS
 from anywool.runtime._local_worker import LocalWorker, current_backend, tcp_endpoint
@@ -158,6 +158,15 @@ class WorkerPool(SingleUse):
         its ``sys.stdout`` or ``sys.stderr``), synchronously from the connection's reader: it
         must not block; an exception it raises is logged once. ``None``: the line is written to
         this process's ``sys.stderr`` as ``[routine uid8 pid N] text``.
+    :param worker_lifespan: an async context manager factory, called with no arguments in
+        each spawned worker (or ``"module:name"`` naming one), entered before the worker takes
+        calls and exited after its last one, in its main task; routines reach what it yields
+        as ``anywool.current_worker().state``. Sent pickled (by reference when importable, by
+        value otherwise). Its entry counts in ``startup_timeout``; one that raises fails that
+        worker's start (the first workers': entering the pool raises
+        :class:`~anywool.errors.WorkerError` with the cause; a replacement's: its slot's
+        back-off, given up after 3 failed starts in a row); one that raises on exit is logged
+        by the worker.
     :raises TypeError: an argument has the wrong type, e.g. a ``discovery`` or ``loadbalancer``
         that is neither a protocol instance nor a Factory form, or a bare subscriber given to a
         spawning pool (checked at construction where the value says so, else at entry).
@@ -212,8 +221,15 @@ class WorkerPool(SingleUse):
         tls: MutualTLS | None = None,
         forward_output: bool = True,
         on_output: Callable[[OutputLine], object] | None = None,
+        worker_lifespan: Callable[[], AbstractAsyncContextManager[Any]] | str | None = None,
     ) -> None:
         _output.check_options(forward_output, on_output)  # here: errors at construction
+        self._lifespan = _lifespan.check(worker_lifespan)
+        if self._lifespan is not None:
+            _lifespan.encode(self._lifespan)  # one that cannot be sent fails here
+            if spawn is None and discovery is not None:
+                raise ValueError("worker_lifespan is for the workers a pool spawns, but this "
+                                 "pool spawns none (pass spawn=N)")
         self._forward_output = forward_output
         # The root level of the workers this pool spawns: what this process's logging lets
         # through when each starts (None: they keep theirs). An `anywool worker` host serves
@@ -467,7 +483,8 @@ class WorkerPool(SingleUse):
                                  secret=None if credentials is None else credentials.secret,
                                  tls=None if credentials is None else credentials.tls,
                                  namespace=self._worker_namespace,
-                                 output_level=self._spawned_output_level())
+                                 output_level=self._spawned_output_level(),
+                                 lifespan=self._lifespan)
             try:
                 async with worker:
                     born = anyio.current_time()

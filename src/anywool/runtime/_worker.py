@@ -61,6 +61,7 @@ import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
+from uuid import UUID
 
 import anyio
 from anyio.abc import ByteStream, Listener, SocketAttribute, SocketListener, TaskGroup
@@ -69,7 +70,15 @@ from anyio.streams.stapled import MultiListener
 from anywool import _interfaces, _secret
 from anywool._address import Address
 from anywool._errno import exhausted
-from anywool.runtime import _interrupt, _lifeline, _output, _socket, _socket_dir, _telemetry
+from anywool.runtime import (
+    _interrupt,
+    _lifeline,
+    _lifespan,
+    _output,
+    _socket,
+    _socket_dir,
+    _telemetry,
+)
 from anywool.runtime import _serializer as serializer
 from anywool.runtime._nested import NestedProxies, idle_timeout_from_environment
 from anywool.runtime._server import REPLY_TIMEOUT, STOP_TAIL, Server
@@ -201,8 +210,10 @@ async def _close_listener(listener: Listener[ByteStream]) -> None:
 async def serve(address: Address | None = None, home: Path | None = None, *,
                 max_concurrency: int | None = None,
                 credentials: _auth.Credentials | None = None,
-                lifeline: _lifeline.Lifeline | None = None, control: int = 0) -> None:
-    """Listen, announce the address on stdout, serve until stopped, clean up.
+                lifeline: _lifeline.Lifeline | None = None, control: int = 0,
+                lifespan: _lifespan.Lifespan | None = None) -> None:
+    """Listen, enter the lifespan, announce the address on stdout, serve until stopped, exit
+    the lifespan, clean up.
 
     :param credentials: what a TCP peer must authenticate with (required for TCP; unused on a
         Unix socket, where the file's mode admits the same user only).
@@ -212,6 +223,8 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
         watchdog thread watches stdin instead (unless it is a terminal).
     :param control: the descriptor of the parent's pipe (stop requests, EOF), see
         :func:`_take_stdin`.
+    :param lifespan: the worker's lifespan (see :mod:`anywool.runtime._lifespan`); one that
+        fails on entry is said on stdout instead of the address, and the worker exits 1.
     """
     idle_timeout = idle_timeout_from_environment()
     listener, announced, owned, path = await _open_listener(address, home)
@@ -226,6 +239,7 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
         threading.Thread(target=_exit_when_orphaned, args=(control, remove_socket), daemon=True,
                          name="anywool-orphan-watchdog").start()
     interrupter: _interrupt.Interrupter | None = None
+    failed = False
     try:
         async with anyio.create_task_group() as main_tg:
             worker = Server(str(announced), NestedProxies(main_tg, idle_timeout, str(announced)),
@@ -237,7 +251,18 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
             interrupter = worker.interrupter(None if lifeline is None else lifeline.parent)
             interrupter.install()
             main_tg.start_soon(interrupter.heartbeat)
-            async with anyio.create_task_group() as serving:
+            info = _lifespan.WorkerInfo(_worker_uid(), _telemetry.worker.get(
+                "anywool.namespace"), str(announced), os.getpid())
+            running = _lifespan.Running(lifespan, info)
+            try:
+                await running.__aenter__()
+            except Exception as exc:
+                sys.stdout.write(f"{STARTUP_ERROR}its lifespan failed to start: {exc!r}\n")
+                sys.stdout.flush()
+                failed = True
+                main_tg.cancel_scope.cancel()
+                return
+            async with running.entered(), anyio.create_task_group() as serving:
                 gate = None
                 if not announced.is_unix:
                     from anywool.runtime import _gatekeeper
@@ -270,6 +295,16 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
         with anyio.CancelScope(shield=True):
             await _close_listener(listener)
         remove_socket()
+    if failed:
+        raise SystemExit(1)
+
+
+def _worker_uid() -> UUID | None:
+    text = _telemetry.worker.get("anywool.worker.uid")
+    try:
+        return None if text is None else UUID(text)
+    except ValueError:
+        return None
 
 
 def _apply_parent_environment() -> None:
@@ -425,6 +460,12 @@ def main(argv: list[str] | None = None) -> None:
     # After the fork: what these modules start (an exporter's thread, say) stays here.
     _telemetry.set_worker(os.environ.pop(UID_ENV, None), os.environ.pop(NAMESPACE_ENV, None))
     _import_setup_modules()
+    try:
+        lifespan = _lifespan.from_environment()
+    except ValueError as exc:
+        sys.stdout.write(f"{STARTUP_ERROR}{exc}\n")
+        sys.stdout.flush()
+        raise SystemExit(1) from None
     backend_options = {}
     if options.backend == "asyncio":
         from anywool.runtime._asyncio_loop import loop_factory
@@ -434,7 +475,7 @@ def main(argv: list[str] | None = None) -> None:
         anyio.run(functools.partial(serve, options.address, options.home,
                                     max_concurrency=options.max_concurrency,
                                     credentials=credentials, lifeline=lifeline,
-                                    control=control),
+                                    control=control, lifespan=lifespan),
                   backend=options.backend, backend_options=backend_options)
     finally:
         if lifeline is not None:
