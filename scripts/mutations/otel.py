@@ -186,4 +186,23 @@ MUTATIONS: list[Mutation] = [
         tests=(f"{_UNIT}::test_another_propagator_is_used_as_it_is",),
         why="a propagator set by the user writes the trace context, not anywool",
     ),
+    Mutation(
+        name="otel-deferred-span-reentry-waits",
+        path=_TELEMETRY,
+        old="""                if self._maker == me:""",
+        new="""                if False:""",
+        tests=(f"{_UNIT}::test_a_log_record_written_while_the_span_is_made_does_not_wedge_it",
+               f"{_UNIT}::test_a_span_processor_reading_the_current_span_while_it_is_made"),
+        why="what the making of the deferred span runs (a log filter, a span processor) may "
+            "read the current span: that must not wait for the making",
+    ),
+    Mutation(
+        name="otel-sdk-span-attributes-not-read-through",
+        path=_TELEMETRY,
+        old="""            return getattr(self.real(), name)""",
+        new="""            raise AttributeError(name)""",
+        tests=(f"{_UNIT}::test_the_sdk_spans_own_attributes_are_read_through",),
+        why="a routine reads the SDK span's name and attributes as it did before the span was "
+            "deferred",
+    ),
 ]
