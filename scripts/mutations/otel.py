@@ -205,4 +205,14 @@ MUTATIONS: list[Mutation] = [
         why="a routine reads the SDK span's name and attributes as it did before the span was "
             "deferred",
     ),
+    Mutation(
+        name="otel-default-propagator-recognised-by-its-fields",
+        path=_TELEMETRY,
+        old="""            and [type(part) for part in getattr(textmap, "_propagators", ())] \\
+            == [TraceContextTextMapPropagator, W3CBaggagePropagator] \\
+            and set(textmap.fields) == _W3C_FIELDS:""",
+        new="""            and set(textmap.fields) == _W3C_FIELDS:""",
+        tests=(f"{_UNIT}::test_a_propagator_writing_the_same_fields_is_not_taken_for_the_default",),
+        why="a vendor's propagator writing the same fields is used, not the fast path",
+    ),
 ]

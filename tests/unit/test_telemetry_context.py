@@ -372,3 +372,26 @@ def test_the_sdk_spans_own_attributes_are_read_through(
     assert span.status.status_code is trace.StatusCode.ERROR
     assert [event.name for event in span.events] == ["exception"]
 
+
+def test_a_propagator_writing_the_same_fields_is_not_taken_for_the_default(
+        telemetry: _telemetry.Telemetry, monkeypatch: pytest.MonkeyPatch) -> None:
+    from opentelemetry.baggage.propagation import W3CBaggagePropagator
+
+    class Vendor(TraceContextTextMapPropagator):
+        """A vendor's trace context: the same fields, its own entry in every tracestate."""
+
+        def inject(self, carrier: Any, context: Any = None, setter: Any = None) -> None:
+            super().inject(carrier, context)
+            carrier["tracestate"] = "vendor=v1"
+
+    before = propagate.get_global_textmap()
+    propagate.set_global_textmap(CompositePropagator([Vendor(), W3CBaggagePropagator()]))
+    try:
+        monkeypatch.setattr(_telemetry, "_trace", None)  # bound again, with this propagator
+        monkeypatch.setattr(_telemetry, "_w3c", None)
+        current = _telemetry.current()
+        assert current is not None and _telemetry._w3c is None
+        assert current.carry(_remote()) == _injected(_remote())
+        assert current.carry(_remote())["tracestate"] == "vendor=v1"  # type: ignore[index]
+    finally:
+        propagate.set_global_textmap(before)

@@ -125,10 +125,19 @@ def _bind() -> Any:
     metrics.get_meter_provider()
     # The default propagator: trace context and baggage, unless $OTEL_PROPAGATORS said
     # otherwise (what it loads is then somebody else's format) or it was replaced already.
+    # Recognised by its parts' exact classes, not by the fields they write: a propagator of
+    # somebody else's that writes `traceparent` (a vendor's subclass stamping its tracestate,
+    # say) is used as it is.
+    from opentelemetry.baggage.propagation import W3CBaggagePropagator
+    from opentelemetry.propagators.composite import CompositePropagator
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
     configured = os.environ.get("OTEL_PROPAGATORS", "tracecontext,baggage")
     textmap = propagate.get_global_textmap()
     if [name.strip() for name in configured.split(",")] == ["tracecontext", "baggage"] \
-            and type(textmap).__name__ == "CompositePropagator" \
+            and type(textmap) is CompositePropagator \
+            and [type(part) for part in getattr(textmap, "_propagators", ())] \
+            == [TraceContextTextMapPropagator, W3CBaggagePropagator] \
             and set(textmap.fields) == _W3C_FIELDS:
         _w3c = textmap
     _metrics = metrics
