@@ -23,7 +23,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="otel-server-span-not-attached",
         path=_TELEMETRY,
-        old="""            self.token = telemetry.attach(telemetry.in_context(span, parent))""",
+        old="""            self.token = telemetry.attach(telemetry.in_context(span, base))""",
         new="""            self.token = None""",
         tests=(f"{_TESTS}::test_nested_calls_build_one_trace_across_processes",),
         why="issue 23: nested calls build one tree (the server span is the routine's context)",
@@ -214,5 +214,13 @@ MUTATIONS: list[Mutation] = [
         new="""            and set(textmap.fields) == _W3C_FIELDS:""",
         tests=(f"{_UNIT}::test_a_propagator_writing_the_same_fields_is_not_taken_for_the_default",),
         why="a vendor's propagator writing the same fields is used, not the fast path",
+    ),
+    Mutation(
+        name="otel-bare-parent-keeps-the-workers-context",
+        path=_TELEMETRY,
+        old="""            base = parent if parent is not None or trace is None else telemetry.Context()""",
+        new="""            base = parent""",
+        tests=(f"{_UNIT}::test_a_bare_parent_gives_the_routine_the_callers_context_alone",),
+        why="a call with the caller's trace context runs in that context alone, baggage or not",
     ),
 ]

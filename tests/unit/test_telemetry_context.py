@@ -395,3 +395,25 @@ def test_a_propagator_writing_the_same_fields_is_not_taken_for_the_default(
         assert current.carry(_remote())["tracestate"] == "vendor=v1"  # type: ignore[index]
     finally:
         propagate.set_global_textmap(before)
+
+
+def test_a_bare_parent_gives_the_routine_the_callers_context_alone(
+        telemetry: _telemetry.Telemetry, exporter: InMemorySpanExporter) -> None:
+    # What the worker's task has in its context (baggage its setup attached, say) is not the
+    # routine's when the caller sent its context, whether that carries baggage or not.
+    parent = f"00-{TRACE_ID:032x}-{SPAN_ID:016x}-01"
+    token = context.attach(baggage.set_baggage("ambient", "worker"))
+    try:
+        for carrier, seen in (({"traceparent": parent}, {}),
+                              ({"traceparent": parent, "baggage": "k=v"}, {"k": "v"}),
+                              (None, {"ambient": "worker"})):
+            call = telemetry.server("alone", "coroutine", carrier)
+            try:
+                assert dict(baggage.get_all()) == seen
+            finally:
+                call.finish()
+        spans = [span for span in exporter.get_finished_spans() if span.name == "alone"]
+        assert [span.parent and span.parent.span_id for span in spans] == [SPAN_ID, SPAN_ID,
+                                                                          None]
+    finally:
+        context.detach(token)

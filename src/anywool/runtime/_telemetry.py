@@ -658,7 +658,10 @@ class ServerCall:
                     return telemetry.invalid_span
 
             span = self.span = telemetry.Deferred(make)
-            self.token = telemetry.attach(telemetry.in_context(span, parent))
+            # With a caller's context, the routine's is that alone (its baggage, none of this
+            # task's), read now or not; without one, this task's.
+            base = parent if parent is not None or trace is None else telemetry.Context()
+            self.token = telemetry.attach(telemetry.in_context(span, base))
         _server_active[self.key] = _server_active.get(self.key, 0) + 1
         self.start = time.perf_counter()
 
