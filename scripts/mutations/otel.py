@@ -23,7 +23,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="otel-server-span-not-attached",
         path=_TELEMETRY,
-        old="""            self.token = telemetry.attach(telemetry.in_context(span, parent))""",
+        old="""            self.token = telemetry.attach(telemetry.in_context(span, base))""",
         new="""            self.token = None""",
         tests=(f"{_TESTS}::test_nested_calls_build_one_trace_across_processes",),
         why="issue 23: nested calls build one tree (the server span is the routine's context)",
@@ -185,5 +185,42 @@ MUTATIONS: list[Mutation] = [
             context = (self.current_span() if span is None else span).get_span_context()""",
         tests=(f"{_UNIT}::test_another_propagator_is_used_as_it_is",),
         why="a propagator set by the user writes the trace context, not anywool",
+    ),
+    Mutation(
+        name="otel-deferred-span-reentry-waits",
+        path=_TELEMETRY,
+        old="""                if self._maker == me:""",
+        new="""                if False:""",
+        tests=(f"{_UNIT}::test_a_log_record_written_while_the_span_is_made_does_not_wedge_it",
+               f"{_UNIT}::test_a_span_processor_reading_the_current_span_while_it_is_made"),
+        why="what the making of the deferred span runs (a log filter, a span processor) may "
+            "read the current span: that must not wait for the making",
+    ),
+    Mutation(
+        name="otel-sdk-span-attributes-not-read-through",
+        path=_TELEMETRY,
+        old="""            return getattr(self.real(), name)""",
+        new="""            raise AttributeError(name)""",
+        tests=(f"{_UNIT}::test_the_sdk_spans_own_attributes_are_read_through",),
+        why="a routine reads the SDK span's name and attributes as it did before the span was "
+            "deferred",
+    ),
+    Mutation(
+        name="otel-default-propagator-recognised-by-its-fields",
+        path=_TELEMETRY,
+        old="""            and [type(part) for part in getattr(textmap, "_propagators", ())] \\
+            == [TraceContextTextMapPropagator, W3CBaggagePropagator] \\
+            and set(textmap.fields) == _W3C_FIELDS:""",
+        new="""            and set(textmap.fields) == _W3C_FIELDS:""",
+        tests=(f"{_UNIT}::test_a_propagator_writing_the_same_fields_is_not_taken_for_the_default",),
+        why="a vendor's propagator writing the same fields is used, not the fast path",
+    ),
+    Mutation(
+        name="otel-bare-parent-keeps-the-workers-context",
+        path=_TELEMETRY,
+        old="""            base = parent if parent is not None or trace is None else telemetry.Context()""",
+        new="""            base = parent""",
+        tests=(f"{_UNIT}::test_a_bare_parent_gives_the_routine_the_callers_context_alone",),
+        why="a call with the caller's trace context runs in that context alone, baggage or not",
     ),
 ]

@@ -5,6 +5,7 @@ OpenTelemetry SDK's own propagator and spans."""
 from __future__ import annotations
 
 import contextvars
+import io
 import logging
 import threading
 import time
@@ -283,3 +284,136 @@ def test_a_span_that_cannot_start_leaves_the_call_untraced(
     finally:
         _reset()
         provider.shutdown()
+
+
+def _bounded(target: Any) -> list[Any]:
+    """``target()``'s value, run in a thread of its own (in this context) and bounded: a wedge
+    fails the test instead of hanging it."""
+    done: list[Any] = []
+    thread = threading.Thread(target=contextvars.copy_context().run,
+                              args=(lambda: done.append(target()),), daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "making the span wedged"
+    return done
+
+
+class _LooksAtTheCurrentSpan(logging.Filter):
+    """What log correlation does (opentelemetry-instrumentation-logging's record factory, the
+    SDK's LoggingHandler): each record reads the current span."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[Any] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.seen.append(trace.get_current_span().get_span_context())
+        return True
+
+
+def test_a_log_record_written_while_the_span_is_made_does_not_wedge_it() -> None:
+    # The warning of a span that cannot start is written while the span is being made, in
+    # the call's context: a filter reading the current span there re-enters the making.
+    provider = TracerProvider()
+    provider.add_span_processor(_RaisesOnStart())
+    telemetry = _configure(provider)
+    correlate = _LooksAtTheCurrentSpan()
+    handler = logging.StreamHandler(io.StringIO())
+    handler.addFilter(correlate)
+    logger = logging.getLogger("anywool.telemetry")
+    logger.addHandler(handler)
+    try:
+        call = telemetry.server("logged", "coroutine", None)
+        assert _bounded(lambda: trace.get_current_span().is_recording()) == [False]
+        call.finish()
+        assert correlate.seen and not any(seen.is_valid for seen in correlate.seen)
+    finally:
+        logger.removeHandler(handler)
+        _reset()
+        provider.shutdown()
+
+
+class _ReadsTheCurrentSpan(SpanProcessor):
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        self.seen.append(trace.get_current_span().get_span_context())
+
+
+def test_a_span_processor_reading_the_current_span_while_it_is_made(
+        telemetry: _telemetry.Telemetry, exporter: InMemorySpanExporter) -> None:
+    reads = _ReadsTheCurrentSpan()
+    trace.get_tracer_provider().add_span_processor(reads)  # type: ignore[attr-defined]
+    call = telemetry.server("read", "coroutine", None)
+    [made] = _bounded(lambda: trace.get_current_span().get_span_context())
+    call.finish()
+    assert made.is_valid and made == _server_span(exporter, "read").context
+    assert reads.seen == [trace.INVALID_SPAN_CONTEXT]  # none yet: it was being made
+
+
+def test_the_sdk_spans_own_attributes_are_read_through(
+        telemetry: _telemetry.Telemetry, exporter: InMemorySpanExporter) -> None:
+    # A routine reading what the SDK's span has beyond the API's (its name, attributes, ...)
+    # read it before the span was deferred; and using it as a context manager is the SDK's.
+    call = telemetry.server("read_through", "coroutine",
+                            {"traceparent": f"00-{TRACE_ID:032x}-{SPAN_ID:016x}-01"})
+    current: Any = trace.get_current_span()
+    assert current.name == "read_through" and current.kind is trace.SpanKind.SERVER
+    assert current.attributes["rpc.method"] == "read_through"
+    assert current.parent.span_id == SPAN_ID
+    assert current.context == current.get_span_context()
+    with pytest.raises(AttributeError):
+        current.no_such_thing  # noqa: B018
+    with pytest.raises(LookupError), current:
+        raise LookupError("in the span")
+    call.finish()
+    span = _server_span(exporter, "read_through")
+    assert span.status.status_code is trace.StatusCode.ERROR
+    assert [event.name for event in span.events] == ["exception"]
+
+
+def test_a_propagator_writing_the_same_fields_is_not_taken_for_the_default(
+        telemetry: _telemetry.Telemetry, monkeypatch: pytest.MonkeyPatch) -> None:
+    from opentelemetry.baggage.propagation import W3CBaggagePropagator
+
+    class Vendor(TraceContextTextMapPropagator):
+        """A vendor's trace context: the same fields, its own entry in every tracestate."""
+
+        def inject(self, carrier: Any, context: Any = None, setter: Any = None) -> None:
+            super().inject(carrier, context)
+            carrier["tracestate"] = "vendor=v1"
+
+    before = propagate.get_global_textmap()
+    propagate.set_global_textmap(CompositePropagator([Vendor(), W3CBaggagePropagator()]))
+    try:
+        monkeypatch.setattr(_telemetry, "_trace", None)  # bound again, with this propagator
+        monkeypatch.setattr(_telemetry, "_w3c", None)
+        current = _telemetry.current()
+        assert current is not None and _telemetry._w3c is None
+        assert current.carry(_remote()) == _injected(_remote())
+        assert current.carry(_remote())["tracestate"] == "vendor=v1"  # type: ignore[index]
+    finally:
+        propagate.set_global_textmap(before)
+
+
+def test_a_bare_parent_gives_the_routine_the_callers_context_alone(
+        telemetry: _telemetry.Telemetry, exporter: InMemorySpanExporter) -> None:
+    # What the worker's task has in its context (baggage its setup attached, say) is not the
+    # routine's when the caller sent its context, whether that carries baggage or not.
+    parent = f"00-{TRACE_ID:032x}-{SPAN_ID:016x}-01"
+    token = context.attach(baggage.set_baggage("ambient", "worker"))
+    try:
+        for carrier, seen in (({"traceparent": parent}, {}),
+                              ({"traceparent": parent, "baggage": "k=v"}, {"k": "v"}),
+                              (None, {"ambient": "worker"})):
+            call = telemetry.server("alone", "coroutine", carrier)
+            try:
+                assert dict(baggage.get_all()) == seen
+            finally:
+                call.finish()
+        spans = [span for span in exporter.get_finished_spans() if span.name == "alone"]
+        assert [span.parent and span.parent.span_id for span in spans] == [SPAN_ID, SPAN_ID,
+                                                                          None]
+    finally:
+        context.detach(token)

@@ -125,10 +125,19 @@ def _bind() -> Any:
     metrics.get_meter_provider()
     # The default propagator: trace context and baggage, unless $OTEL_PROPAGATORS said
     # otherwise (what it loads is then somebody else's format) or it was replaced already.
+    # Recognised by its parts' exact classes, not by the fields they write: a propagator of
+    # somebody else's that writes `traceparent` (a vendor's subclass stamping its tracestate,
+    # say) is used as it is.
+    from opentelemetry.baggage.propagation import W3CBaggagePropagator
+    from opentelemetry.propagators.composite import CompositePropagator
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
     configured = os.environ.get("OTEL_PROPAGATORS", "tracecontext,baggage")
     textmap = propagate.get_global_textmap()
     if [name.strip() for name in configured.split(",")] == ["tracecontext", "baggage"] \
-            and type(textmap).__name__ == "CompositePropagator" \
+            and type(textmap) is CompositePropagator \
+            and [type(part) for part in getattr(textmap, "_propagators", ())] \
+            == [TraceContextTextMapPropagator, W3CBaggagePropagator] \
             and set(textmap.fields) == _W3C_FIELDS:
         _w3c = textmap
     _metrics = metrics
@@ -228,7 +237,7 @@ class Telemetry:
         self.TraceFlags = trace.TraceFlags
         self.NonRecordingSpan = trace.NonRecordingSpan
         self.invalid_span = trace.INVALID_SPAN
-        self.Deferred: Any = _deferred_class(trace.Span)
+        self.Deferred: Any = _deferred_class(trace.Span, trace.INVALID_SPAN)
         self.client_kind = trace.SpanKind.CLIENT
         self.server_kind = trace.SpanKind.SERVER
         self.error = trace.StatusCode.ERROR
@@ -507,18 +516,23 @@ def _failed_to_start(name: str) -> None:
                 name, exc_info=True)
 
 
-def _deferred_class(span_class: Any) -> Any:
+def _deferred_class(span_class: Any, invalid: Any) -> Any:
     """The class :class:`_Deferred` (made here: its base is the API's ``Span``, imported
-    only once somebody else imported OpenTelemetry)."""
+    only once somebody else imported OpenTelemetry); ``invalid`` is the API's
+    ``INVALID_SPAN``."""
+
+    own = frozenset({"_make", "_span", "_lock", "_maker"})
+    get_ident = threading.get_ident
 
     class Deferred(span_class):  # type: ignore[misc, valid-type]
         __doc__ = _Deferred.__doc__
-        __slots__ = ("_make", "_span", "_lock")
+        __slots__ = ("_make", "_span", "_lock", "_maker")
 
         def __init__(self, make: Callable[[], Any]) -> None:
             self._make: Callable[[], Any] | None = make
             self._span: Any = None
             self._lock = threading.Lock()  # a routine's threads may reach it too
+            self._maker: int | None = None  # the thread making it, meanwhile
 
         def made(self) -> bool:
             return self._span is not None
@@ -526,14 +540,36 @@ def _deferred_class(span_class: Any) -> Any:
         def real(self) -> Any:
             span = self._span
             if span is None:
+                me = get_ident()
+                if self._maker == me:
+                    # Being made by this very thread: what the making runs (a span processor,
+                    # the filter of a log record it writes, a signal handler) asked for the
+                    # current span, which is this one. There is none yet (waiting for it here
+                    # would wait forever).
+                    return invalid
                 with self._lock:
                     span = self._span
                     if span is None:
                         make = self._make
                         assert make is not None
-                        span = self._span = make()
+                        self._maker = me
+                        try:
+                            span = self._span = make()
+                        finally:
+                            self._maker = None
                         self._make = None  # what it held can go
             return span
+
+        def __getattr__(self, name: str) -> Any:
+            # What the SDK's span has beyond the API's (name, attributes, context, parent,
+            # kind, start_time, ...): the span's own, as a routine read it before.
+            if name in own or name.startswith("__"):
+                raise AttributeError(name)
+            return getattr(self.real(), name)
+
+        def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> None:
+            # The span's own: the SDK's records the exception and sets the status.
+            self.real().__exit__(exc_type, exc_val, exc_tb)
 
         def get_span_context(self) -> Any:
             return self.real().get_span_context()
@@ -622,7 +658,10 @@ class ServerCall:
                     return telemetry.invalid_span
 
             span = self.span = telemetry.Deferred(make)
-            self.token = telemetry.attach(telemetry.in_context(span, parent))
+            # With a caller's context, the routine's is that alone (its baggage, none of this
+            # task's), read now or not; without one, this task's.
+            base = parent if parent is not None or trace is None else telemetry.Context()
+            self.token = telemetry.attach(telemetry.in_context(span, base))
         _server_active[self.key] = _server_active.get(self.key, 0) + 1
         self.start = time.perf_counter()
 
