@@ -42,6 +42,7 @@ from anywool.runtime._worker import (
     MAX_CONCURRENCY,
     NAMESPACE_ENV,
     PARENT_PID_ENV,
+    RETIRING,
     STARTUP_ERROR,
     SYS_PATH_ENV,
     UID_ENV,
@@ -96,6 +97,25 @@ def tcp_endpoint(host: object, secret: object, tls: object
     return bind, credentials
 
 
+#: The least ``max_memory`` (bytes): an interpreter alone takes more than half of it.
+MIN_MAX_MEMORY = 1 << 20
+#: The most ``max_calls``.
+MAX_MAX_CALLS = 1 << 62
+
+
+def check_recycling(max_calls: object, max_memory: object) -> tuple[int | None, int | None]:
+    """``max_calls`` and ``max_memory`` checked (see :class:`LocalWorker`).
+
+    :raises TypeError: one is not an ``int`` (or is a ``bool``).
+    :raises ValueError: ``max_calls`` < 1, or ``max_memory`` < 1 MiB.
+    """
+    calls = None if max_calls is None else _validate.count("max_calls", max_calls,
+                                                           upper=MAX_MAX_CALLS)
+    memory = None if max_memory is None else _validate.count(
+        "max_memory", max_memory, lower=MIN_MAX_MEMORY, upper=MAX_MAX_CALLS)
+    return calls, memory
+
+
 class LocalWorker(SingleUse):
     """A worker process on this host, alive for the duration of an ``async with`` block.
 
@@ -128,6 +148,11 @@ class LocalWorker(SingleUse):
         it yields as ``anywool.current_worker().state`` (see
         :mod:`anywool.runtime._lifespan`). Its entry counts in ``startup_timeout``; one that
         raises there fails the start with a :class:`~anywool.errors.WorkerError` saying why.
+    :param max_calls: the worker retires after taking this many calls (``int`` ≥ 1;
+        ``None``: never): it refuses new calls (its callers try another worker), finishes
+        those it runs, and says so (:meth:`retiring`); whoever runs it replaces and stops it.
+    :param max_memory: the worker retires, likewise, once its resident set passes this many
+        bytes (``int`` ≥ 1 MiB; ``None``: never), looked at ten times a second.
     :raises ValueError: ``host`` is given without any credentials (the message says what to
         pass), an argument is out of range, or a ``lifespan`` string cannot be imported.
     :raises TypeError: an argument has the wrong type, or ``lifespan`` cannot be pickled.
@@ -157,7 +182,10 @@ class LocalWorker(SingleUse):
         namespace: str | None = None,
         output_level: int | None = logging.NOTSET,
         lifespan: Callable[[], AbstractAsyncContextManager[Any]] | str | None = None,
+        max_calls: int | None = None,
+        max_memory: int | None = None,
     ) -> None:
+        self._max_calls, self._max_memory = check_recycling(max_calls, max_memory)
         factory = _lifespan.check(lifespan, "lifespan")
         self._lifespan = None if factory is None else _lifespan.encode(factory, "lifespan")
         self._backend = _validate.backend(backend)
@@ -174,6 +202,7 @@ class LocalWorker(SingleUse):
         self._max_concurrency = None if max_concurrency is None else _validate.count(
             "max_concurrency", max_concurrency, upper=MAX_CONCURRENCY)
         self._process: Process | None = None
+        self._stdout: BufferedByteReceiveStream | None = None  # after the address: notices
         self._metadata: WorkerMetadata | None = None
         self._home: Path | None = None
 
@@ -236,6 +265,10 @@ class LocalWorker(SingleUse):
                     command += ["--tls-key", tls.keyfile]
         if self._max_concurrency is not None:
             command += ["--max-concurrency", str(self._max_concurrency)]
+        if self._max_calls is not None:
+            command += ["--max-calls", str(self._max_calls)]
+        if self._max_memory is not None:
+            command += ["--max-memory", str(self._max_memory)]
         try:
             # A session of its own: a terminal's Ctrl-C (SIGINT to the whole foreground process
             # group) reaches the caller only, which cancels its calls and stops its workers;
@@ -274,7 +307,7 @@ class LocalWorker(SingleUse):
 
     async def _read_address(self, process: Process) -> str:
         assert process.stdout is not None
-        reader = BufferedByteReceiveStream(process.stdout)
+        reader = self._stdout = BufferedByteReceiveStream(process.stdout)
         try:
             with anyio.fail_after(self._startup_timeout):
                 line = await reader.receive_until(b"\n", 4096)
@@ -300,6 +333,28 @@ class LocalWorker(SingleUse):
         except ValueError as exc:
             raise WorkerError(f"pid {process.pid}", f"reported a malformed address: {exc}") \
                 from None
+
+    async def retiring(self) -> str | None:
+        """Wait until the worker says it retires (its ``max_calls`` or ``max_memory``
+        reached: it takes no new calls, finishes those it runs, and waits to be stopped); the
+        reason, in words. ``None``: its process ended first, or it was stopped.
+
+        :raises RuntimeError: the worker has not started.
+
+        Cancellation: only the wait is cancelled. One waiter at a time.
+        """
+        reader = self._stdout
+        if reader is None:
+            raise RuntimeError("the LocalWorker is not running")
+        while True:
+            try:
+                line = await reader.receive_until(b"\n", 4096)
+            except (anyio.EndOfStream, anyio.IncompleteRead, anyio.DelimiterNotFound,
+                    anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return None
+            text = line.decode(errors="replace")
+            if text.startswith(RETIRING):
+                return text[len(RETIRING):]
 
     async def wait(self) -> int:
         """Wait until the worker process exits, however it ends, and return its exit code.

@@ -21,6 +21,7 @@ must happen whatever (terminating and reaping every worker, removing files) is s
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -39,7 +40,12 @@ from anywool.discovery import DiscoveryLike, DiscoveryPublisherLike, DiscoverySu
 from anywool.runtime import _ctrl_c, _lifespan, _output
 from anywool.runtime._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
 from anywool.runtime._auth import MutualTLS
-from anywool.runtime._local_worker import LocalWorker, current_backend, tcp_endpoint
+from anywool.runtime._local_worker import (
+    LocalWorker,
+    check_recycling,
+    current_backend,
+    tcp_endpoint,
+)
 from anywool.runtime._worker import MAX_CONCURRENCY
 from anywool.runtime._output import OutputLine
 from anywool.runtime._proxy import WorkerProxy
@@ -167,6 +173,14 @@ class WorkerPool(SingleUse):
         :class:`~anywool.errors.WorkerError` with the cause; a replacement's: its slot's
         back-off, given up after 3 failed starts in a row); one that raises on exit is logged
         by the worker.
+    :param max_calls: each spawned worker retires after taking this many calls (``int`` ≥ 1;
+        ``None``: never): it refuses new calls (callers go to other workers), finishes those
+        it runs, and the pool starts its replacement, announces it, then withdraws and stops
+        the retiring worker (its calls drain within ``shutdown_timeout``). A replacement that
+        fails to start is retried with the slot's back-off, the slot given up after 3 tries.
+    :param max_memory: each spawned worker retires, likewise, once its resident set passes
+        this many bytes (``int`` ≥ 1 MiB; ``None``: never; looked at ten times a second, also
+        while calls run).
     :raises TypeError: an argument has the wrong type, e.g. a ``discovery`` or ``loadbalancer``
         that is neither a protocol instance nor a Factory form, or a bare subscriber given to a
         spawning pool (checked at construction where the value says so, else at entry).
@@ -222,7 +236,10 @@ class WorkerPool(SingleUse):
         forward_output: bool = True,
         on_output: Callable[[OutputLine], object] | None = None,
         worker_lifespan: Callable[[], AbstractAsyncContextManager[Any]] | str | None = None,
+        max_calls: int | None = None,
+        max_memory: int | None = None,
     ) -> None:
+        self._max_calls, self._max_memory = check_recycling(max_calls, max_memory)
         _output.check_options(forward_output, on_output)  # here: errors at construction
         self._lifespan = _lifespan.check(worker_lifespan)
         if self._lifespan is not None:
@@ -283,6 +300,7 @@ class WorkerPool(SingleUse):
             "max_concurrency", max_concurrency, upper=MAX_CONCURRENCY)
         self._stack: AsyncExitStack | None = None
         self._workers: list[LocalWorker] = []
+        self._supervisors: anyio.abc.TaskGroup | None = None
         self._own: set[UUID] = set()
         self._proxy: WorkerProxy | None = None
         self._resolved: Any = None
@@ -441,7 +459,7 @@ class WorkerPool(SingleUse):
         stack.push_async_callback(self._begin_exit)
 
     async def _start_workers(self, stack: AsyncExitStack, count: int, tags: frozenset[str]) -> None:
-        supervisors = anyio.create_task_group()
+        supervisors = self._supervisors = anyio.create_task_group()
         await supervisors.__aenter__()
 
         async def stop_supervisors() -> None:
@@ -469,10 +487,13 @@ class WorkerPool(SingleUse):
     # -- supervision ---------------------------------------------------------------------------
 
     async def _supervise(
-        self, backend: str, tags: frozenset[str], *, task_status: TaskStatus[LocalWorker]
+        self, backend: str, tags: frozenset[str], *, replacing: bool = False,
+        task_status: TaskStatus[LocalWorker]
     ) -> None:
         """Run one worker slot: start a worker, replace it when its process dies, stop it when
-        the pool exits. The first start's failure is the caller's (``task_status``)."""
+        the pool exits, hand the slot to a new supervisor when it retires. The first start's
+        failure is the caller's (``task_status``); ``replacing``: the new worker is announced
+        before the caller hears of it (it replaces a retiring one)."""
         started = False
         start_failures = 0
         while not (self._stopping.is_set() or self._exiting):
@@ -484,7 +505,8 @@ class WorkerPool(SingleUse):
                                  tls=None if credentials is None else credentials.tls,
                                  namespace=self._worker_namespace,
                                  output_level=self._spawned_output_level(),
-                                 lifespan=self._lifespan)
+                                 lifespan=self._lifespan, max_calls=self._max_calls,
+                                 max_memory=self._max_memory)
             try:
                 async with worker:
                     born = anyio.current_time()
@@ -493,12 +515,15 @@ class WorkerPool(SingleUse):
                     self._workers.append(worker)
                     self._adopted(worker)
                     try:
-                        if started:
+                        if started or replacing:
                             await self._announce(worker, "worker-added")
-                        else:
+                        if not started:
                             started = True
                             task_status.started(worker)
-                        code = await self._until_exit_or_stop(worker)
+                        code, retiring = await self._until_exit_or_stop(worker)
+                        if retiring is not None:
+                            await self._retire(worker, retiring, backend, tags)
+                            return
                     finally:
                         self._workers.remove(worker)
                     if code is None:  # the pool is exiting
@@ -525,15 +550,7 @@ class WorkerPool(SingleUse):
                 reason = f"it exited {uptime:.2f} s after starting"
             start_failures += 1
             if start_failures >= _MAX_START_FAILURES:
-                log.error("giving up a worker slot of %r after %d failed starts in a row; "
-                          "last: %s", self, start_failures, reason)
-                self._slots -= 1
-                if not self._slots:
-                    self._given_up = (f"every worker slot of this pool was given up after "
-                                      f"{start_failures} failed starts in a row (the last: "
-                                      f"{reason})")
-                    if self._proxy is not None:
-                        self._proxy._given_up = self._given_up
+                self._give_up_slot(start_failures, reason)
                 return
             with anyio.move_on_after(_RESTART_BACKOFF * 2 ** (start_failures - 1)):
                 await self._stopping.wait()
@@ -563,9 +580,55 @@ class WorkerPool(SingleUse):
         if self._proxy is not None:
             self._proxy._set_own(self._own)
 
-    async def _until_exit_or_stop(self, worker: LocalWorker) -> int | None:
-        """The worker's exit code if its process ends by itself, ``None`` if the pool stops."""
+    async def _retire(self, worker: LocalWorker, reason: str, backend: str,
+                      tags: frozenset[str]) -> None:
+        """``worker`` retires (it takes no new calls): start its replacement in a supervisor
+        of its own, then withdraw it and stop it, its calls drained within
+        ``shutdown_timeout``."""
+        log.info("worker pid %s retires: %s; replacing it", worker.pid, reason)
+        await self._start_replacement(backend, tags)
+        await self._announce(worker, "worker-dropped")
+        self._own.discard(worker.metadata.uid)
+        self._own_changed()
+        await worker.stop(self._shutdown_timeout)
+
+    async def _start_replacement(self, backend: str, tags: frozenset[str]) -> None:
+        """Start a supervisor whose worker replaces a retiring one, once it is up and
+        announced; retried with the slot's back-off, the slot given up after
+        :data:`_MAX_START_FAILURES` failed starts in a row."""
+        supervisors = self._supervisors
+        assert supervisors is not None  # a worker retires only once the supervisors run
+        reason: BaseException | str = "not started"
+        for failures in range(1, _MAX_START_FAILURES + 1):
+            if self._stopping.is_set() or self._exiting:
+                return
+            try:
+                await supervisors.start(
+                    functools.partial(self._supervise, backend, tags, replacing=True))
+                return
+            except Exception as exc:
+                reason = exc
+                log.warning("the replacement of a retiring worker failed to start (%d of "
+                            "%d): %s", failures, _MAX_START_FAILURES, exc)
+            with anyio.move_on_after(_RESTART_BACKOFF * 2 ** (failures - 1)):
+                await self._stopping.wait()
+        self._give_up_slot(_MAX_START_FAILURES, reason)
+
+    def _give_up_slot(self, failures: int, reason: BaseException | str) -> None:
+        log.error("giving up a worker slot of %r after %d failed starts in a row; last: %s",
+                  self, failures, reason)
+        self._slots -= 1
+        if not self._slots:
+            self._given_up = (f"every worker slot of this pool was given up after {failures} "
+                              f"failed starts in a row (the last: {reason})")
+            if self._proxy is not None:
+                self._proxy._given_up = self._given_up
+
+    async def _until_exit_or_stop(self, worker: LocalWorker) -> tuple[int | None, str | None]:
+        """The worker's exit code if its process ends by itself, or why it retires (it said
+        so: see :meth:`LocalWorker.retiring`); ``(None, None)`` if the pool stops."""
         code: int | None = None
+        retiring: str | None = None
         async with anyio.create_task_group() as tg:
 
             async def watch_process() -> None:
@@ -573,13 +636,23 @@ class WorkerPool(SingleUse):
                 code = await worker.wait()
                 tg.cancel_scope.cancel()
 
+            async def watch_retiring() -> None:
+                nonlocal retiring
+                said = await worker.retiring()
+                if said is not None and not self._stopping.is_set():
+                    retiring = said
+                    tg.cancel_scope.cancel()
+
             async def watch_pool() -> None:
                 await self._stopping.wait()
                 tg.cancel_scope.cancel()
 
             tg.start_soon(watch_process)
             tg.start_soon(watch_pool)
-        return code
+            tg.start_soon(watch_retiring)
+        if self._stopping.is_set():
+            return None, None
+        return code, None if code is not None else retiring
 
     async def _announce(self, worker: LocalWorker, kind: str) -> None:
         """Publish one worker's change, once the initial announcement has been made."""

@@ -205,8 +205,19 @@ class _ServerCall:
 
 class Server:
     def __init__(self, address: str, nested: NestedProxies,
-                 max_concurrency: int | None = None, control: int = 0) -> None:
+                 max_concurrency: int | None = None, control: int = 0, *,
+                 max_calls: int | None = None,
+                 on_retire: Callable[[str], object] | None = None) -> None:
         self.address = address
+        # Recycling (issue 24): after max_calls calls admitted, or when told to (its memory),
+        # the worker retires: it refuses new calls as busy, for good (its callers try another
+        # worker, or wait for room, which a change of workers brings), finishes those it runs,
+        # and says so once through on_retire (to its parent, which replaces it, then stops
+        # it).
+        self.max_calls = max_calls
+        self.admitted = 0
+        self.retiring: str | None = None
+        self._on_retire = on_retire
         self.control = control
         self.nested = nested
         self.max_concurrency = max_concurrency
@@ -331,6 +342,9 @@ class Server:
             self.calls.add(call)
             self.stop.started(call.read_at)
             tg.start_soon(self._run, frames, call, request, calls)
+            self.admitted += 1
+            if self.max_calls is not None and self.admitted >= self.max_calls:
+                self.retire(f"it took its max_calls={self.max_calls} calls")
             return
         call = calls.get(frame.call_id)
         if call is None:
@@ -351,7 +365,18 @@ class Server:
 
     # -- admission -----------------------------------------------------------------------------
 
+    def retire(self, reason: str) -> None:
+        """Take no new call from now on (each is refused as busy, and no room is ever offered
+        again) and say ``reason`` once through ``on_retire``; the calls running go on."""
+        if self.retiring is not None:
+            return
+        self.retiring = reason
+        if self._on_retire is not None:
+            self._on_retire(reason)
+
     def _has_room(self) -> bool:
+        if self.retiring is not None:
+            return False
         return self.max_concurrency is None or self.stop.in_flight < self.max_concurrency
 
     async def _refuse_busy(self, frames: FrameStream, call_id: int, tg: CallGroup) -> None:

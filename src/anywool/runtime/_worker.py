@@ -77,6 +77,7 @@ from anywool.runtime import (
     _output,
     _socket,
     _socket_dir,
+    _stats,
     _telemetry,
 )
 from anywool.runtime import _serializer as serializer
@@ -91,6 +92,10 @@ log = logging.getLogger("anywool.worker")
 SYS_PATH_ENV = "ANYWOOL_WORKER_SYS_PATH"
 #: What the line on stdout starts with when the worker cannot start, instead of an address.
 STARTUP_ERROR = "error: "
+#: The line a retiring worker writes to its parent, before the reason.
+RETIRING = "retiring "
+#: How often (seconds) a worker with a max_memory looks at its resident set.
+MEMORY_CHECK_INTERVAL = 0.1
 PARENT_PID_ENV = "ANYWOOL_WORKER_PARENT_PID"
 UID_ENV = "ANYWOOL_WORKER_UID"
 NAMESPACE_ENV = "ANYWOOL_WORKER_NAMESPACE"
@@ -211,7 +216,8 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
                 max_concurrency: int | None = None,
                 credentials: _auth.Credentials | None = None,
                 lifeline: _lifeline.Lifeline | None = None, control: int = 0,
-                lifespan: _lifespan.Lifespan | None = None) -> None:
+                lifespan: _lifespan.Lifespan | None = None,
+                max_calls: int | None = None, max_memory: int | None = None) -> None:
     """Listen, enter the lifespan, announce the address on stdout, serve until stopped, exit
     the lifespan, clean up.
 
@@ -225,6 +231,13 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
         :func:`_take_stdin`.
     :param lifespan: the worker's lifespan (see :mod:`anywool.runtime._lifespan`); one that
         fails on entry is said on stdout instead of the address, and the worker exits 1.
+    :param max_calls: retire after taking this many calls (``None``: never).
+    :param max_memory: retire once the resident set passes this many bytes, looked at every
+        :data:`MEMORY_CHECK_INTERVAL` seconds (``None``: never).
+
+    Retiring (see :meth:`Server.retire`), the worker writes ``retiring <reason>`` as a line
+    on its original stdout (where its parent read the address, and goes on reading), and
+    waits to be stopped as ever.
     """
     idle_timeout = idle_timeout_from_environment()
     listener, announced, owned, path = await _open_listener(address, home)
@@ -242,8 +255,20 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
     failed = False
     try:
         async with anyio.create_task_group() as main_tg:
+            notices = os.dup(sys.stdout.fileno())  # stdout itself goes to stderr (below)
+            os.set_inheritable(notices, False)
+
+            def say_retiring(reason: str) -> None:
+                try:
+                    os.write(notices, f"{RETIRING}{reason}\n".encode())
+                except OSError:  # our parent closed its end: it stops us anyway
+                    pass
+
             worker = Server(str(announced), NestedProxies(main_tg, idle_timeout, str(announced)),
-                             max_concurrency, control)
+                             max_concurrency, control, max_calls=max_calls,
+                             on_retire=say_retiring)
+            if max_memory is not None:
+                main_tg.start_soon(_watch_memory, worker, max_memory)
             main_tg.start_soon(worker.watch_stdin)
             if lifeline is not None:
                 main_tg.start_soon(worker.watch_parent, lifeline.parent)
@@ -297,6 +322,17 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
         remove_socket()
     if failed:
         raise SystemExit(1)
+
+
+async def _watch_memory(worker: Server, limit: int) -> None:
+    """Retire ``worker`` once this process's resident set passes ``limit`` bytes."""
+    while worker.retiring is None:
+        size, _ = _stats.memory()
+        if size is not None and size > limit:
+            worker.retire(f"its memory ({size / 2**20:.1f} MiB) passed its max_memory "
+                          f"({limit / 2**20:.1f} MiB)")
+            return
+        await anyio.sleep(MEMORY_CHECK_INTERVAL)
 
 
 def _worker_uid() -> UUID | None:
@@ -361,15 +397,18 @@ def _take_stdin() -> int:
     return control
 
 
-def _positive_int(text: str) -> int:
+def _positive_int(text: str, upper: int = MAX_CONCURRENCY) -> int:
     try:
         value = int(text)
     except ValueError:
         value = 0
-    if not 1 <= value <= MAX_CONCURRENCY:
-        raise argparse.ArgumentTypeError(
-            f"must be an int from 1 to {MAX_CONCURRENCY}, got {text!r}")
+    if not 1 <= value <= upper:
+        raise argparse.ArgumentTypeError(f"must be an int from 1 to {upper}, got {text!r}")
     return value
+
+
+def _count(text: str) -> int:
+    return _positive_int(text, 1 << 62)
 
 
 def _bind_address(text: str) -> Address:
@@ -441,6 +480,15 @@ def main(argv: list[str] | None = None) -> None:
         "--max-concurrency", default=None, type=_positive_int, metavar="N",
         help="run at most N calls at once, refusing more before they run (default: no bound)"
     )
+    parser.add_argument(
+        "--max-calls", default=None, type=_count, metavar="N",
+        help="retire after taking N calls: refuse more, finish those running, say so on "
+             "stdout and wait to be stopped (default: never)"
+    )
+    parser.add_argument(
+        "--max-memory", default=None, type=_count, metavar="BYTES",
+        help="retire once the resident set passes BYTES (default: never)"
+    )
     options = parser.parse_args(argv)
     _secret.inherit()
     credentials = _credentials(parser, options)
@@ -475,7 +523,9 @@ def main(argv: list[str] | None = None) -> None:
         anyio.run(functools.partial(serve, options.address, options.home,
                                     max_concurrency=options.max_concurrency,
                                     credentials=credentials, lifeline=lifeline,
-                                    control=control, lifespan=lifespan),
+                                    control=control, lifespan=lifespan,
+                                    max_calls=options.max_calls,
+                                    max_memory=options.max_memory),
                   backend=options.backend, backend_options=backend_options)
     finally:
         if lifeline is not None:

@@ -1,0 +1,125 @@
+"""Recycling workers (issue 24, item 2): a worker past its ``max_calls`` or ``max_memory``
+finishes its calls, takes no new ones, and is replaced before it leaves; no call fails. Real
+workers, both backends."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import anyio
+import psutil
+import pytest
+
+from anywool import WorkerPool, routine
+
+from ..helpers import wait_until
+
+pytestmark = pytest.mark.anyio
+
+MiB = 1 << 20
+_leaked: list[bytes] = []
+
+
+@routine
+async def pid() -> int:
+    return os.getpid()
+
+
+@routine
+async def pids(count: int) -> AsyncIterator[int]:
+    for _ in range(count):
+        await anyio.lowlevel.checkpoint()
+        yield os.getpid()
+
+
+@routine
+async def leak_and_hold(mib: int, port: int) -> int:
+    """Keeps ``mib`` MiB (touched: resident) for good, tells the test, and returns once the
+    test says ``go``."""
+    _leaked.append(b"\x01" * (mib * MiB))
+    stream = await anyio.connect_tcp("127.0.0.1", port)
+    async with stream:
+        await stream.send(b"started")
+        assert await stream.receive() == b"go"
+    return os.getpid()
+
+
+async def test_workers_past_max_calls_are_replaced_and_no_call_fails() -> None:
+    smallest = []
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=2, max_calls=5) as pool:
+
+            async def one(results: list[int]) -> None:
+                results.append(await pid())
+                smallest.append(len(pool.workers))
+
+            results: list[int] = []
+            for _ in range(10):
+                await one(results)
+            async with anyio.create_task_group() as tg:
+                for _ in range(20):
+                    tg.start_soon(one, results)
+            served = Counter(results)
+            assert len(results) == 30  # every call returned
+            assert max(served.values()) <= 5, served  # none took more than its bound
+            assert len(served) >= 30 // 5
+            # Each retired worker was replaced before it left: never fewer than the pool's size.
+            assert min(smallest) >= 2
+            await wait_until(lambda: len(pool.workers) == 2, "the retired workers to leave")
+            assert all(psutil.pid_exists(w.pid) for w in pool.workers)
+    retired = [p for p in served if psutil.pid_exists(p)]
+    assert retired == [] or all(psutil.Process(p).status() == psutil.STATUS_ZOMBIE
+                                for p in retired)
+
+
+async def test_a_retiring_worker_finishes_the_stream_it_runs() -> None:
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=1, max_calls=1):
+            items = [item async for item in pids(3)]
+            assert len(set(items)) == 1  # the one call it took, to its end
+            assert await pid() != items[0]  # the next went to its replacement
+
+
+async def test_a_worker_leaking_past_max_memory_is_replaced_while_its_call_runs() -> None:
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    with anyio.fail_after(60):
+        async with listener, WorkerPool(spawn=1, max_memory=150 * MiB) as pool:
+            [first] = pool.workers
+            async with anyio.create_task_group() as tg:
+                returned: list[int] = []
+
+                async def leaking() -> None:
+                    returned.append(await leak_and_hold(200, port))
+
+                tg.start_soon(leaking)
+                stream = await listener.listeners[0].accept()  # type: ignore[attr-defined]
+                async with stream:
+                    assert await stream.receive() == b"started"
+                    # While the call runs: the replacement starts, the leaking worker stays.
+                    await wait_until(lambda: len(pool.workers) == 2, "a replacement")
+                    assert first in pool.workers
+                    other = await pid()
+                    assert other != first.pid  # new calls go to the replacement
+                    await stream.send(b"go")
+            assert returned == [first.pid]  # the call it ran finished there
+            await wait_until(lambda: pool.workers == [w for w in pool.workers
+                                                      if w.pid == other],
+                             "the leaking worker to leave")
+            assert await pid() == other
+
+
+@pytest.mark.parametrize("options, error, message", [
+    ({"max_calls": 0}, ValueError, "max_calls must be between 1 and"),
+    ({"max_calls": True}, TypeError, "max_calls must be an int"),
+    ({"max_calls": 2.5}, TypeError, "max_calls must be an int"),
+    ({"max_memory": MiB - 1}, ValueError, "max_memory must be between 1048576 and"),
+    ({"max_memory": "1G"}, TypeError, "max_memory must be an int"),
+])
+def test_bad_recycling_bounds_are_refused_at_construction(options: dict[str, object],
+                                                          error: type[Exception],
+                                                          message: str) -> None:
+    with pytest.raises(error, match=message):
+        WorkerPool(spawn=1, **options)  # type: ignore[arg-type]
