@@ -60,16 +60,19 @@ async def test_a_pool_elsewhere_dispatches_to_the_hosted_workers(
             await stop([child])
 
 
-async def test_hosted_workers_enter_the_lifespan_named(namespace: str,
+async def test_hosted_workers_enter_the_lifespan_named_and_retire(namespace: str,
                                                       anyio_backend: str) -> None:
     with anyio.fail_after(60):
         child, lines = await host("--discovery", "local", "--namespace", namespace,
                                   "--backend", anyio_backend,
-                                  "--lifespan", "tests.integration.lifespans:counter")
+                                  "--lifespan", "tests.integration.lifespans:counter",
+                                  "--max-calls", "1")
         try:
             [pid] = [int(line.rsplit(" ", 1)[1]) for line in lines]
             async with WorkerPool(discovery=LocalDiscovery.Subscriber(namespace)):
                 assert await lifespan_state() == {"pid": pid, "calls": 0}
+                # Retired after its one call, replaced: the next call finds the replacement.
+                assert await whoami() != pid
             child.process.send_signal(signal.SIGTERM)
             assert [await child.readline() for _ in range(2)] == ["stopping", "stopped"]
             assert await child.wait() == 0
@@ -122,6 +125,7 @@ def readable_secret(tmp_path: Path) -> str:
     (["--host", ""], "host must be a host name"),
     (["--lifespan", "no_such_module_here:life"], "--lifespan='no_such_module_here:life' cannot"),
     (["--lifespan", "no_colon"], "--lifespan must be 'module:name'"),
+    (["--max-memory", "1000"], "--max-memory"),
 ])
 async def test_bad_options_are_usage_errors(namespace: str, args: list[str], message: str,
                                             readable_secret: str) -> None:

@@ -124,11 +124,17 @@ def _read_secret(path: Path | None) -> bytes | None:
                    "calls and exits after its last one (routines reach what it yields as "
                    "anywool.current_worker().state); imported from the current directory or "
                    "sys.path.")
+@click.option("--max-calls", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Each worker retires after N calls and is replaced (default: never).")
+@click.option("--max-memory", type=click.IntRange(min=1 << 20), default=None, metavar="BYTES",
+              help="Each worker retires once its resident set passes BYTES and is replaced "
+                   "(default: never).")
 def worker(discovery: str, namespace: str, workers: int, host: str | None,
            secret_file: Path | None, tls_cert: str | None, tls_key: str | None,
            tls_ca: str | None, tags: tuple[str, ...], interfaces: tuple[str, ...],
            etcd_lease_ttl: int | None, join: bool, backend: str, max_concurrency: int | None,
-           drain: float, lifespan: str | None, **etcd: Any) -> None:
+           drain: float, lifespan: str | None, max_calls: int | None,
+           max_memory: int | None, **etcd: Any) -> None:
     """Host worker processes announced into the --namespace NS until SIGINT or SIGTERM.
 
     A pool in another process, or on another host, dispatches to them with
@@ -185,7 +191,8 @@ def worker(discovery: str, namespace: str, workers: int, host: str | None,
             sys.path.insert(0, os.getcwd())  # as `python -m` would: the project's modules
         pool = WorkerPool(spawn=workers, discovery=where, tags=tags, backend=backend, host=host,
                           secret=secret, tls=tls, max_concurrency=max_concurrency,
-                          shutdown_timeout=drain, worker_lifespan=lifespan)
+                          shutdown_timeout=drain, worker_lifespan=lifespan,
+                          max_calls=max_calls, max_memory=max_memory)
     except (TypeError, ValueError) as exc:
         raise click.UsageError(str(exc).replace("worker_lifespan", "--lifespan")) from None
     # Its workers serve other processes: every record reaches their callers, whose levels
