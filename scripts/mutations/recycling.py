@@ -65,3 +65,47 @@ MUTATIONS: list[Mutation] = [
         why="issue 24: a worker past its bound finishes its calls",
     ),
 ]
+
+MUTATIONS += [
+    Mutation(
+        name="recycle-stops-before-the-replacement-is-connected",
+        path=_POOL,
+        old="""        if replacement is not None:
+            await self._until_proxy_has(replacement)""",
+        new="""        if False:
+            await self._until_proxy_has(replacement)""",
+        tests=(f"{_TESTS}::test_recycle_replaces_every_worker_while_calls_flow",),
+        why="issue 24: each replacement ready before the old one stops taking calls",
+    ),
+    Mutation(
+        name="recycle-failure-stops-the-old-worker-anyway",
+        path=_POOL,
+        old="""            if done is not None:
+                done.set()
+            return False""",
+        new="""            if done is not None:
+                done.set()""",
+        tests=(f"{_TESTS}::test_a_recycle_whose_replacement_cannot_start_keeps_the_workers",),
+        why="a rollout whose replacement cannot start leaves the running workers be",
+    ),
+    Mutation(
+        name="recycle-asks-nobody",
+        path=_POOL,
+        old="""                done = self._recycled[uid] = anyio.Event()
+                asked.set()""",
+        new="""                done = self._recycled[uid] = anyio.Event()
+                done.set()""",
+        tests=(f"{_TESTS}::test_recycle_replaces_every_worker_while_calls_flow",),
+        why="issue 24: recycle() replaces every spawned worker",
+    ),
+    Mutation(
+        name="sighup-not-recycling",
+        path="src/anywool/cli/_worker_command.py",
+        old="""            await pool.recycle()
+        except Exception as exc:""",
+        new="""            pass
+        except Exception as exc:""",
+        tests=("tests/integration/test_worker_command.py::test_sighup_recycles_the_hosted_workers",),
+        why="issue 24: a host recycles its workers from outside (SIGHUP)",
+    ),
+]

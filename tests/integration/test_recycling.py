@@ -4,15 +4,19 @@ workers, both backends."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import Counter
 from collections.abc import AsyncIterator
+from functools import partial
+from pathlib import Path
 
 import anyio
 import psutil
 import pytest
 
 from anywool import WorkerPool, routine
+from anywool.errors import WorkerError
 
 from ..helpers import wait_until
 
@@ -109,6 +113,69 @@ async def test_a_worker_leaking_past_max_memory_is_replaced_while_its_call_runs(
                                                       if w.pid == other],
                              "the leaking worker to leave")
             assert await pid() == other
+
+
+@contextlib.asynccontextmanager
+async def unless_flagged(flag: str) -> AsyncIterator[None]:
+    """A lifespan that fails while ``flag`` exists (new workers' set-up broken, say)."""
+    if os.path.exists(flag):
+        raise RuntimeError("the new configuration is broken")
+    yield
+
+
+async def test_recycle_replaces_every_worker_while_calls_flow() -> None:
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=2) as pool:
+            before = {worker.pid for worker in pool.workers}
+            served: list[int] = []
+            ready: list[int] = []
+            failures: list[BaseException] = []
+            recycled = anyio.Event()
+
+            async def steady() -> None:
+                while not recycled.is_set():
+                    try:
+                        served.append(await pid())
+                    except Exception as exc:  # counted: the test says none may fail
+                        failures.append(exc)
+                    ready.append(len(pool.proxy.workers))
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(4):
+                    tg.start_soon(steady)
+                await pool.recycle()
+                recycled.set()
+            after = {worker.pid for worker in pool.workers}
+            assert failures == []
+            assert len(after) == 2 and not after & before  # every worker replaced
+            assert min(ready) >= 2  # never fewer than the pool's size taking calls
+            assert set(served) == before | after  # calls flowed throughout, to both
+            assert {await pid() for _ in range(6)} == after
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                   for p in before)
+
+
+async def test_a_recycle_whose_replacement_cannot_start_keeps_the_workers(
+        tmp_path: Path) -> None:
+    flag = tmp_path / "broken"
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=2, worker_lifespan=partial(unless_flagged, str(flag))
+                              ) as pool:
+            before = sorted(worker.pid for worker in pool.workers)
+            flag.touch()
+            with pytest.raises(WorkerError, match="the new configuration is broken"):
+                await pool.recycle()
+            assert sorted(worker.pid for worker in pool.workers) == before
+            assert {await pid() for _ in range(6)} == set(before)  # still serving
+            flag.unlink()
+            await pool.recycle()  # the configuration mended: it goes through
+            after = {worker.pid for worker in pool.workers}
+            assert len(after) == 2 and not after & set(before)  # no slot was lost
+
+
+async def test_recycle_needs_an_entered_pool() -> None:
+    with pytest.raises(RuntimeError, match="not entered"):
+        await WorkerPool(spawn=1).recycle()
 
 
 @pytest.mark.parametrize("options, error, message", [

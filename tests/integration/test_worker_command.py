@@ -19,6 +19,7 @@ from anywool.discovery.local import LocalDiscovery
 from anywool.errors import AuthenticationError
 from anywool.runtime._pool import WorkerPool
 
+from ..helpers import wait_until
 from .children import Child, start, stop
 from .routines import letters, lifespan_state, parent_pid, whoami
 
@@ -73,6 +74,32 @@ async def test_hosted_workers_enter_the_lifespan_named_and_retire(namespace: str
                 assert await lifespan_state() == {"pid": pid, "calls": 0}
                 # Retired after its one call, replaced: the next call finds the replacement.
                 assert await whoami() != pid
+            child.process.send_signal(signal.SIGTERM)
+            assert [await child.readline() for _ in range(2)] == ["stopping", "stopped"]
+            assert await child.wait() == 0
+        finally:
+            await stop([child])
+
+
+async def test_sighup_recycles_the_hosted_workers(namespace: str, anyio_backend: str) -> None:
+    with anyio.fail_after(60):
+        child, lines = await host("--discovery", "local", "--namespace", namespace,
+                                  "--workers", "2", "--backend", anyio_backend)
+        try:
+            before = {int(line.rsplit(" ", 1)[1]) for line in lines}
+            async with WorkerPool(discovery=LocalDiscovery.Subscriber(namespace), quorum=2,
+                                  lazy=False) as borrower:
+                assert {await whoami() for _ in range(4)} == before
+                child.process.send_signal(signal.SIGHUP)
+                assert await child.readline() == "recycling"
+                replaced = [await child.readline() for _ in range(2)]
+                assert await child.readline() == "recycled"
+                after = {int(line.rsplit(" ", 1)[1]) for line in replaced}
+                assert len(after) == 2 and not after & before
+                # This pool learns of the new workers through discovery, and uses them.
+                await wait_until(lambda: {m.pid for m in borrower.proxy.workers} == after,
+                                 "the borrower to see the new workers")
+                assert {await whoami() for _ in range(4)} == after
             child.process.send_signal(signal.SIGTERM)
             assert [await child.readline() for _ in range(2)] == ["stopping", "stopped"]
             assert await child.wait() == 0

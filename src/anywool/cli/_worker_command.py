@@ -21,6 +21,12 @@ Signals are never ignored between ``starting`` and the end: until the event loop
 open, and again after it closes, a handler notes them (a signal noted before the receiver opened
 stops the command before it starts anything); only once the command is done are they ignored,
 so that one arriving as the interpreter exits does not kill it after it said ``stopped``.
+
+SIGHUP, once ``ready``, replaces every worker one at a time (:meth:`WorkerPool.recycle
+<anywool.WorkerPool.recycle>`: new code and configuration, no call lost): ``recycling``, then
+``worker <address> pid <pid>`` per new worker and ``recycled``, or ``recycle failed: <why>``
+(the workers not replaced keep running). One that arrives during a recycle is taken after it;
+before ``ready`` SIGHUP is ignored (from ``starting`` on).
 """
 
 from __future__ import annotations
@@ -203,6 +209,7 @@ def worker(discovery: str, namespace: str, workers: int, host: str | None,
     _noted.clear()
     for number in _SIGNALS:
         signal.signal(number, _note_signal)
+    previous_hangup = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until ready (recycle)
     _say("starting")
     try:
         anyio.run(partial(_host, pool), backend=backend)
@@ -216,6 +223,7 @@ def worker(discovery: str, namespace: str, workers: int, host: str | None,
         # default handlers during its shutdown, except for ignored signals).
         for number in _SIGNALS:
             signal.signal(number, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, previous_hangup)
 
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -284,5 +292,27 @@ async def _serve(pool: WorkerPool, signals: AsyncIterator[signal.Signals]) -> No
                 for hosted in pool.workers:
                     _say(f"worker {hosted.address} pid {hosted.pid}")
                 _say("ready")
-                await stop.wait()
+                with anyio.open_signal_receiver(signal.SIGHUP) as hangups:
+                    async with anyio.create_task_group() as recycler:
+                        recycler.start_soon(_recycle_on_hangup, pool, hangups)
+                        await stop.wait()
+                        recycler.cancel_scope.cancel()  # a recycle under way: the exit wins
+                # The receiver restores the default (which would end the command) as it closes.
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)
         tg.cancel_scope.cancel()
+
+
+async def _recycle_on_hangup(pool: WorkerPool, hangups: AsyncIterator[signal.Signals]) -> None:
+    """Each SIGHUP: replace every worker (those that arrive meanwhile: one more after)."""
+    async for _ in hangups:
+        _say("recycling")
+        before = {hosted.pid for hosted in pool.workers}
+        try:
+            await pool.recycle()
+        except Exception as exc:
+            _say(f"recycle failed: {exc}")
+            continue
+        for hosted in pool.workers:
+            if hosted.pid not in before:
+                _say(f"worker {hosted.address} pid {hosted.pid}")
+        _say("recycled")

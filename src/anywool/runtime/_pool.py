@@ -37,6 +37,7 @@ from anywool import _validate
 from anywool._owner import SingleUse, exit_task_group
 from anywool._teardown import Budget, ExitWithin
 from anywool.discovery import DiscoveryLike, DiscoveryPublisherLike, DiscoverySubscriberLike
+from anywool.errors import WorkerError
 from anywool.runtime import _ctrl_c, _lifespan, _output
 from anywool.runtime._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
 from anywool.runtime._auth import MutualTLS
@@ -301,6 +302,13 @@ class WorkerPool(SingleUse):
         self._stack: AsyncExitStack | None = None
         self._workers: list[LocalWorker] = []
         self._supervisors: anyio.abc.TaskGroup | None = None
+        # Rolling restarts (recycle()): each running worker's "replace it" event, the events
+        # recycle() waits on (set once that worker is gone), and why a replacement could not
+        # start (the worker then stays).
+        self._recycle_asked: dict[UUID, anyio.Event] = {}
+        self._recycled: dict[UUID, anyio.Event] = {}
+        self._recycle_failures: dict[UUID, BaseException | str] = {}
+        self._recycling = anyio.Lock()
         self._own: set[UUID] = set()
         self._proxy: WorkerProxy | None = None
         self._resolved: Any = None
@@ -359,6 +367,39 @@ class WorkerPool(SingleUse):
         :raises RuntimeError: the pool is not entered.
         """
         return await self.proxy.stats(timeout)
+
+    async def recycle(self) -> None:
+        """Replace every worker this pool spawned, one at a time: each replacement is started,
+        announced and connected to this pool's proxy before the worker it replaces is
+        withdrawn and stopped (its calls drained within ``shutdown_timeout``, new ones going
+        to the others). So no call is lost or fails, and this pool never has fewer than its
+        size of workers taking calls. New code in the modules routines come from, new
+        environment: the replacements start with what is there now.
+
+        One recycle at a time (a second waits for the first). Cancelled, it stops between
+        workers; a replacement under way completes. Workers that die or retire meanwhile are
+        replaced as ever.
+
+        :raises RuntimeError: the pool is not entered.
+        :raises ~anywool.errors.WorkerError: a replacement failed to start
+            (:data:`_MAX_START_FAILURES` tries, with the slot's back-off): the worker it was to
+            replace, and those after it, keep running; its cause is attached.
+        """
+        if self._proxy is None:
+            raise RuntimeError("the WorkerPool is not entered")
+        async with self._recycling:
+            for worker in list(self._workers):
+                uid = worker.metadata.uid
+                asked = self._recycle_asked.get(uid)
+                if asked is None:  # gone meanwhile
+                    continue
+                done = self._recycled[uid] = anyio.Event()
+                asked.set()
+                await done.wait()
+                failure = self._recycle_failures.pop(uid, None)
+                if failure is not None:
+                    raise WorkerError(f"pid {worker.pid}", f"recycling stopped: its "
+                                      f"replacement failed to start: {failure}")
 
     # -- entry ---------------------------------------------------------------------------------
 
@@ -514,18 +555,27 @@ class WorkerPool(SingleUse):
                     self._own_changed()
                     self._workers.append(worker)
                     self._adopted(worker)
+                    uid = worker.metadata.uid
                     try:
                         if started or replacing:
                             await self._announce(worker, "worker-added")
                         if not started:
                             started = True
                             task_status.started(worker)
-                        code, retiring = await self._until_exit_or_stop(worker)
-                        if retiring is not None:
-                            await self._retire(worker, retiring, backend, tags)
-                            return
+                        while True:
+                            asked = self._recycle_asked[uid] = anyio.Event()
+                            code, retiring = await self._until_exit_or_stop(worker, asked)
+                            if retiring is None:
+                                break
+                            if await self._retire(worker, retiring, backend, tags,
+                                                  recycling=asked.is_set()):
+                                return
                     finally:
                         self._workers.remove(worker)
+                        self._recycle_asked.pop(uid, None)
+                        recycled = self._recycled.pop(uid, None)
+                        if recycled is not None:
+                            recycled.set()
                     if code is None:  # the pool is exiting
                         await worker.stop(self._shutdown_budget.left)
                         return
@@ -581,38 +631,65 @@ class WorkerPool(SingleUse):
             self._proxy._set_own(self._own)
 
     async def _retire(self, worker: LocalWorker, reason: str, backend: str,
-                      tags: frozenset[str]) -> None:
-        """``worker`` retires (it takes no new calls): start its replacement in a supervisor
-        of its own, then withdraw it and stop it, its calls drained within
-        ``shutdown_timeout``."""
-        log.info("worker pid %s retires: %s; replacing it", worker.pid, reason)
-        await self._start_replacement(backend, tags)
+                      tags: frozenset[str], *, recycling: bool) -> bool:
+        """Replace ``worker``: start its replacement in a supervisor of its own, wait until
+        this pool's proxy is connected to it, then withdraw ``worker`` and stop it, its calls
+        drained within ``shutdown_timeout``. Whether it was: a worker that retires by itself
+        (it takes no new calls) is stopped even when no replacement starts (its slot is given
+        up); one that ``recycling`` replaces stays when none starts (the reason is kept for
+        :meth:`recycle`)."""
+        log.info("worker pid %s %s; replacing it", worker.pid, reason)
+        replacement, failure = await self._start_replacement(backend, tags, give_up=not recycling)
+        if replacement is None and recycling and not (self._stopping.is_set() or self._exiting):
+            uid = worker.metadata.uid
+            self._recycle_failures[uid] = failure
+            done = self._recycled.pop(uid, None)
+            if done is not None:
+                done.set()
+            return False
+        if replacement is not None:
+            await self._until_proxy_has(replacement)
         await self._announce(worker, "worker-dropped")
         self._own.discard(worker.metadata.uid)
         self._own_changed()
         await worker.stop(self._shutdown_timeout)
+        return True
 
-    async def _start_replacement(self, backend: str, tags: frozenset[str]) -> None:
-        """Start a supervisor whose worker replaces a retiring one, once it is up and
-        announced; retried with the slot's back-off, the slot given up after
-        :data:`_MAX_START_FAILURES` failed starts in a row."""
+    async def _until_proxy_has(self, worker: LocalWorker) -> None:
+        """Wait (within ``startup_timeout``) until this pool's proxy is connected to
+        ``worker``, so that its calls have somewhere to go before the worker it replaces stops
+        taking them."""
+        proxy = self._proxy
+        uid = worker.metadata.uid
+        with anyio.move_on_after(self._startup_timeout):
+            while proxy is not None and uid not in proxy._ready and proxy._active:
+                await proxy._changed.wait()
+
+    async def _start_replacement(self, backend: str, tags: frozenset[str], *, give_up: bool
+                                 ) -> tuple[LocalWorker | None, BaseException | str]:
+        """Start a supervisor whose worker replaces another, once it is up and announced:
+        the new worker, or ``None`` and why not. Retried with the slot's back-off; after
+        :data:`_MAX_START_FAILURES` failed starts in a row the slot is given up if
+        ``give_up``."""
         supervisors = self._supervisors
         assert supervisors is not None  # a worker retires only once the supervisors run
-        reason: BaseException | str = "not started"
+        reason: BaseException | str = "the pool is exiting"
         for failures in range(1, _MAX_START_FAILURES + 1):
             if self._stopping.is_set() or self._exiting:
-                return
+                return None, "the pool is exiting"
             try:
-                await supervisors.start(
+                worker: LocalWorker = await supervisors.start(
                     functools.partial(self._supervise, backend, tags, replacing=True))
-                return
+                return worker, ""
             except Exception as exc:
                 reason = exc
-                log.warning("the replacement of a retiring worker failed to start (%d of "
-                            "%d): %s", failures, _MAX_START_FAILURES, exc)
+                log.warning("a replacement worker failed to start (%d of %d): %s", failures,
+                            _MAX_START_FAILURES, exc)
             with anyio.move_on_after(_RESTART_BACKOFF * 2 ** (failures - 1)):
                 await self._stopping.wait()
-        self._give_up_slot(_MAX_START_FAILURES, reason)
+        if give_up:
+            self._give_up_slot(_MAX_START_FAILURES, reason)
+        return None, reason
 
     def _give_up_slot(self, failures: int, reason: BaseException | str) -> None:
         log.error("giving up a worker slot of %r after %d failed starts in a row; last: %s",
@@ -624,12 +701,20 @@ class WorkerPool(SingleUse):
             if self._proxy is not None:
                 self._proxy._given_up = self._given_up
 
-    async def _until_exit_or_stop(self, worker: LocalWorker) -> tuple[int | None, str | None]:
-        """The worker's exit code if its process ends by itself, or why it retires (it said
-        so: see :meth:`LocalWorker.retiring`); ``(None, None)`` if the pool stops."""
+    async def _until_exit_or_stop(self, worker: LocalWorker, asked: anyio.Event
+                                  ) -> tuple[int | None, str | None]:
+        """The worker's exit code if its process ends by itself, or why it is to be replaced
+        (it retires, see :meth:`LocalWorker.retiring`, or ``asked`` was set by
+        :meth:`recycle`); ``(None, None)`` if the pool stops."""
         code: int | None = None
         retiring: str | None = None
         async with anyio.create_task_group() as tg:
+
+            async def watch_recycle() -> None:
+                nonlocal retiring
+                await asked.wait()
+                retiring = "is recycled (pool.recycle())"
+                tg.cancel_scope.cancel()
 
             async def watch_process() -> None:
                 nonlocal code
@@ -640,7 +725,7 @@ class WorkerPool(SingleUse):
                 nonlocal retiring
                 said = await worker.retiring()
                 if said is not None and not self._stopping.is_set():
-                    retiring = said
+                    retiring = f"retires: {said}"
                     tg.cancel_scope.cancel()
 
             async def watch_pool() -> None:
@@ -650,6 +735,7 @@ class WorkerPool(SingleUse):
             tg.start_soon(watch_process)
             tg.start_soon(watch_pool)
             tg.start_soon(watch_retiring)
+            tg.start_soon(watch_recycle)
         if self._stopping.is_set():
             return None, None
         return code, None if code is not None else retiring
