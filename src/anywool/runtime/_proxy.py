@@ -538,9 +538,23 @@ class WorkerProxy(SingleUse):
             self._admit(self._waiting.pop(uid))
 
     def _unresponsive(self, uid: UUID) -> None:
-        """A worker did not take a cancellation within ``cancel_grace``: a pool ends its own."""
+        """A worker did not take a cancellation within ``cancel_grace``: a pool ends its own
+        (and replaces it); any other is taken out of the choice of workers at once, its
+        connection closed (its calls in flight fail with a :class:`WorkerError`), and
+        reconnected with the usual back-off while it is announced: it is chosen again once
+        it answers (its greeting on a new connection), never given up for good."""
         if uid in self._own and self._end_worker is not None:
             self._end_worker(uid)
+            return
+        admitted = self._admitted.get(uid)
+        entry = self._ready.get(uid)
+        if admitted is None or entry is None:
+            return  # out of the choice already (lost, dropped, reconnecting)
+        log.warning("worker %s did not take a cancellation within %s s: left out of the "
+                    "choice of workers until it answers again", admitted.metadata.address,
+                    self._cancel_grace)
+        self._unready(uid, entry[1])
+        admitted.wakeup.set()  # its connection closes; reconnected, with back-off
 
     def _unready(self, uid: UUID, connection: WorkerConnection) -> None:
         """Take ``connection`` out of the choice of workers (if it is still ``uid``'s)."""
