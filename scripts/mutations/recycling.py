@@ -31,15 +31,11 @@ MUTATIONS: list[Mutation] = [
         name="recycling-stopped-before-its-replacement",
         path=_POOL,
         old="""        await self._start_replacement(backend, tags)
-        await self._announce(worker, "worker-dropped")
-        self._own.discard(worker.metadata.uid)
-        self._own_changed()
-        await worker.stop(self._shutdown_timeout)""",
+        await self._announce(worker, "worker-dropped")""",
         new="""        await self._announce(worker, "worker-dropped")
-        self._own.discard(worker.metadata.uid)
-        self._own_changed()
         await worker.stop(self._shutdown_timeout)
-        await self._start_replacement(backend, tags)""",
+        await self._start_replacement(backend, tags)
+        return""",
         tests=(f"{_TESTS}::test_a_worker_leaking_past_max_memory_is_replaced_while_its_call_runs",),
         why="issue 24: a retiring worker is replaced before it leaves",
     ),
@@ -63,5 +59,21 @@ MUTATIONS: list[Mutation] = [
         tests=(f"{_TESTS}::test_a_retiring_worker_finishes_the_stream_it_runs",
                f"{_TESTS}::test_a_worker_leaking_past_max_memory_is_replaced_while_its_call_runs"),
         why="issue 24: a worker past its bound finishes its calls",
+    ),
+    Mutation(
+        name="recycling-retiring-drain-bounded-by-shutdown-timeout",
+        path=_POOL,
+        old="""                await worker.drain()""",
+        new="""                await worker.stop(self._shutdown_timeout)""",
+        tests=(f"{_TESTS}::test_a_retiring_worker_finishes_a_call_that_outlasts_shutdown_timeout",),
+        why="break24: shutdown_timeout bounds the exit's drain, not a retiring worker's calls",
+    ),
+    Mutation(
+        name="recycling-exit-drops-calls-on-withdrawn-workers",
+        path="src/anywool/runtime/_proxy.py",
+        old="""[c for _, c in self._ready.values()] + list(self._withdrawn)""",
+        new="""[c for _, c in self._ready.values()]""",
+        tests=(f"{_TESTS}::test_the_pools_own_call_on_a_retiring_worker_is_cancelled_at_exit",),
+        why="break24: own calls on a withdrawn worker end RoutineCancelled at the exit",
     ),
 ]

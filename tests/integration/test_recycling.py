@@ -4,6 +4,7 @@ workers, both backends."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ import psutil
 import pytest
 
 from anywool import WorkerPool, routine
+from anywool.errors import RoutineCancelled
 
 from ..helpers import wait_until
 
@@ -109,6 +111,72 @@ async def test_a_worker_leaking_past_max_memory_is_replaced_while_its_call_runs(
                                                       if w.pid == other],
                              "the leaking worker to leave")
             assert await pid() == other
+
+
+@routine
+async def hold_until_go(port: int) -> int:
+    """Tells the test it started, and returns once the test says ``go``."""
+    stream = await anyio.connect_tcp("127.0.0.1", port)
+    async with stream:
+        await stream.send(b"started")
+        assert await stream.receive() == b"go"
+    return os.getpid()
+
+
+async def test_a_retiring_worker_finishes_a_call_that_outlasts_shutdown_timeout() -> None:
+    # shutdown_timeout bounds the drain of the pool's exit, not how long a retiring worker's
+    # calls may take: the retiring worker must not be stopped with it while the pool runs.
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    with anyio.fail_after(60):
+        async with listener, WorkerPool(spawn=1, max_calls=1, shutdown_timeout=0) as pool:
+            [first] = pool.workers
+            returned: list[int] = []
+            async with anyio.create_task_group() as tg:
+
+                async def holding() -> None:
+                    returned.append(await hold_until_go(port))
+
+                tg.start_soon(holding)
+                stream = await listener.listeners[0].accept()  # type: ignore[attr-defined]
+                async with stream:
+                    assert await stream.receive() == b"started"
+                    # Replaced and withdrawn (until then it was announced): its call still runs.
+                    await wait_until(lambda: [m.uid for m in pool.proxy.workers] not in (
+                        [], [first.metadata.uid]), "the retiring worker to be withdrawn")
+                    assert await pid() != first.pid  # the replacement serves meanwhile
+                    await stream.send(b"go")
+            assert returned == [first.pid]
+            await first.wait()  # it left by itself, once its call ended
+
+
+async def test_the_pools_own_call_on_a_retiring_worker_is_cancelled_at_exit() -> None:
+    # A withdrawn worker is no longer among the proxy's choice of workers; the proxy's exit
+    # still asks it to cancel the calls of its own that it runs (not dropping the connection
+    # under them).
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    with anyio.fail_after(60):
+        async with listener, anyio.create_task_group() as tg:
+            outcome: list[BaseException] = []
+
+            async def holding() -> None:
+                try:
+                    await hold_until_go(port)
+                except Exception as exc:
+                    outcome.append(exc)
+
+            async with contextlib.AsyncExitStack() as streams:
+                async with WorkerPool(spawn=1, max_calls=1, shutdown_timeout=0.5) as pool:
+                    [first] = pool.workers
+                    tg.start_soon(holding)
+                    stream = await streams.enter_async_context(
+                        await listener.listeners[0].accept())  # type: ignore[attr-defined]
+                    assert await stream.receive() == b"started"
+                    await wait_until(lambda: [m.uid for m in pool.proxy.workers] not in (
+                        [], [first.metadata.uid]), "the retiring worker to be withdrawn")
+                # The call never ended by itself (its stream is open still).
+            assert [type(exc) for exc in outcome] == [RoutineCancelled], outcome
 
 
 @pytest.mark.parametrize("options, error, message", [

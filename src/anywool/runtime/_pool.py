@@ -175,8 +175,9 @@ class WorkerPool(SingleUse):
         by the worker.
     :param max_calls: each spawned worker retires after taking this many calls (``int`` ≥ 1;
         ``None``: never): it refuses new calls (callers go to other workers), finishes those
-        it runs, and the pool starts its replacement, announces it, then withdraws and stops
-        the retiring worker (its calls drain within ``shutdown_timeout``). A replacement that
+        it runs (however long they take), and the pool starts its replacement, announces it,
+        then withdraws the retiring worker, which exits once they have ended (the pool's exit
+        drains them within ``shutdown_timeout``, as any worker's). A replacement that
         fails to start is retried with the slot's back-off, the slot given up after 3 tries.
     :param max_memory: each spawned worker retires, likewise, once its resident set passes
         this many bytes (``int`` ≥ 1 MiB; ``None``: never; looked at ten times a second, also
@@ -583,14 +584,25 @@ class WorkerPool(SingleUse):
     async def _retire(self, worker: LocalWorker, reason: str, backend: str,
                       tags: frozenset[str]) -> None:
         """``worker`` retires (it takes no new calls): start its replacement in a supervisor
-        of its own, then withdraw it and stop it, its calls drained within
-        ``shutdown_timeout``."""
+        of its own, then withdraw it and let its calls finish, however long they take (it then
+        exits by itself); the pool's exit stops it as any worker, its calls drained within
+        what is left of ``shutdown_timeout``."""
         log.info("worker pid %s retires: %s; replacing it", worker.pid, reason)
         await self._start_replacement(backend, tags)
         await self._announce(worker, "worker-dropped")
         self._own.discard(worker.metadata.uid)
         self._own_changed()
-        await worker.stop(self._shutdown_timeout)
+        if not self._stopping.is_set():
+            async with anyio.create_task_group() as tg:
+
+                async def until_stopping() -> None:
+                    await self._stopping.wait()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(until_stopping)
+                await worker.drain()
+                tg.cancel_scope.cancel()
+        await worker.stop(self._shutdown_budget.left)
 
     async def _start_replacement(self, backend: str, tags: frozenset[str]) -> None:
         """Start a supervisor whose worker replaces a retiring one, once it is up and

@@ -95,6 +95,12 @@ class _Stop:
             self.grace = 0  # escalation: stop draining, cancel now
             if self._drain_scope is not None:
                 self._drain_scope.cancel()
+        elif grace > 0 and self.grace < 0:
+            # A bound for a drain that had none (a retiring worker's, drained for as long as
+            # its calls take, when its pool exits; SIGINT's): from now on.
+            self.grace = grace
+            if self._drain_scope is not None:
+                self._drain_scope.deadline = anyio.current_time() + grace
 
     def started(self, at: float) -> None:
         """A call started; ``at`` is when its frame was read (``time.perf_counter()``)."""

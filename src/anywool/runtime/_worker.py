@@ -19,7 +19,7 @@ closes cancels its calls. The worker stops:
 
 * on a stop request, a line ``stop <grace>`` on stdin: ``grace`` seconds to drain in-flight calls
   (new ones are refused with ``NACK``), ``0`` to cancel them now, negative to drain for as long
-  as they take;
+  as they take (a later request with a grace ≥ 0 bounds that drain, from when it comes);
 * at EOF on stdin (its parent closed the pipe or died, even by SIGKILL), or when its parent
   exits (seen on a pidfd, also while another process holds the pipe's write end): cancels now.
   If it has not exited 5 s after that (a routine that shields itself, or blocks the event loop,
