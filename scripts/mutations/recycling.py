@@ -69,6 +69,14 @@ MUTATIONS: list[Mutation] = [
         why="break24: shutdown_timeout bounds the exit's drain, not a retiring worker's calls",
     ),
     Mutation(
+        name="recycling-exit-waits-for-a-starting-replacement",
+        path=_POOL,
+        old="""            self._stop_starting()  # a replacement starting""",
+        new="""            pass  # a replacement starting""",
+        tests=(f"{_TESTS}::test_the_pools_exit_does_not_wait_for_a_replacement_that_is_starting",),
+        why="break24: the pool's exit is bounded, a replacement's slow start (lifespan) included",
+    ),
+    Mutation(
         name="recycling-exit-drops-calls-on-withdrawn-workers",
         path="src/anywool/runtime/_proxy.py",
         old="""[c for _, c in self._ready.values()] + list(self._withdrawn)""",

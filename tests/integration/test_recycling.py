@@ -8,6 +8,8 @@ import contextlib
 import os
 from collections import Counter
 from collections.abc import AsyncIterator
+from functools import partial
+from pathlib import Path
 
 import anyio
 import psutil
@@ -123,6 +125,17 @@ async def hold_until_go(port: int) -> int:
     return os.getpid()
 
 
+@contextlib.asynccontextmanager
+async def first_start_only(path: str) -> AsyncIterator[None]:
+    """Enters at once in the first worker started; in every later one, notes that it is
+    entering in ``path`` and never finishes (a replacement whose start takes for ever)."""
+    with open(path, "a") as file:
+        file.write(f"entering {os.getpid()}\n")
+    if len(Path(path).read_text().splitlines()) > 1:
+        await anyio.sleep_forever()
+    yield
+
+
 async def test_a_retiring_worker_finishes_a_call_that_outlasts_shutdown_timeout() -> None:
     # shutdown_timeout bounds the drain of the pool's exit, not how long a retiring worker's
     # calls may take: the retiring worker must not be stopped with it while the pool runs.
@@ -148,6 +161,18 @@ async def test_a_retiring_worker_finishes_a_call_that_outlasts_shutdown_timeout(
                     await stream.send(b"go")
             assert returned == [first.pid]
             await first.wait()  # it left by itself, once its call ended
+
+
+async def test_the_pools_exit_does_not_wait_for_a_replacement_that_is_starting(
+        tmp_path: Path) -> None:
+    path = tmp_path / "starts"
+    with anyio.fail_after(30):
+        async with WorkerPool(spawn=1, max_calls=1, startup_timeout=120, shutdown_timeout=1,
+                              worker_lifespan=partial(first_start_only, str(path))):
+            await pid()  # its worker retires; its replacement's start never ends
+            await wait_until(lambda: len(path.read_text().splitlines()) == 2,
+                             "the replacement's lifespan to be entered")
+        # The exit cancelled the start (its process is killed and reaped: see conftest).
 
 
 async def test_the_pools_own_call_on_a_retiring_worker_is_cancelled_at_exit() -> None:

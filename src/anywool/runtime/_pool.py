@@ -314,6 +314,7 @@ class WorkerPool(SingleUse):
         self._stopping = anyio.Event()
         self._slots = 0  # worker slots that have not been given up
         self._ended: set[UUID] = set()  # workers this pool killed itself (see _end_stuck)
+        self._starting: set[anyio.CancelScope] = set()  # around each worker start under way
         self._given_up: str | None = None  # why every slot was, once they all were
         self._announce_budget = Budget(self._announce_timeout)
         self._shutdown_budget = Budget(self._shutdown_timeout)
@@ -465,6 +466,7 @@ class WorkerPool(SingleUse):
 
         async def stop_supervisors() -> None:
             self._stopping.set()
+            self._stop_starting()  # a replacement starting (its lifespan, say) is not waited for
             await exit_task_group(supervisors, cancel=False)  # they stop their workers
 
         stack.push_async_callback(stop_supervisors)
@@ -508,37 +510,49 @@ class WorkerPool(SingleUse):
                                  output_level=self._spawned_output_level(),
                                  lifespan=self._lifespan, max_calls=self._max_calls,
                                  max_memory=self._max_memory)
+            born = anyio.current_time()  # again once it is up
             try:
-                async with worker:
-                    born = anyio.current_time()
-                    self._own.add(worker.metadata.uid)
-                    self._own_changed()
-                    self._workers.append(worker)
-                    self._adopted(worker)
+                # The pool's exit (or a Ctrl-C) cancels a start under way: a worker's start
+                # may take up to startup_timeout (its lifespan's entry), which no exit waits for.
+                with anyio.CancelScope() as starting:
+                    self._starting.add(starting)
                     try:
-                        if started or replacing:
-                            await self._announce(worker, "worker-added")
-                        if not started:
-                            started = True
-                            task_status.started(worker)
-                        code, retiring = await self._until_exit_or_stop(worker)
-                        if retiring is not None:
-                            await self._retire(worker, retiring, backend, tags)
-                            return
+                        async with worker:
+                            self._starting.discard(starting)
+                            born = anyio.current_time()
+                            self._own.add(worker.metadata.uid)
+                            self._own_changed()
+                            self._workers.append(worker)
+                            self._adopted(worker)
+                            try:
+                                if started or replacing:
+                                    await self._announce(worker, "worker-added")
+                                if not started:
+                                    started = True
+                                    task_status.started(worker)
+                                code, retiring = await self._until_exit_or_stop(worker)
+                                if retiring is not None:
+                                    await self._retire(worker, retiring, backend, tags)
+                                    return
+                            finally:
+                                self._workers.remove(worker)
+                            if code is None:  # the pool is exiting
+                                await worker.stop(self._shutdown_budget.left)
+                                return
+                            if worker.metadata.uid in self._ended:
+                                self._ended.discard(worker.metadata.uid)
+                                log.info("worker pid %s ended (code %s); replacing it",
+                                         worker.pid, code)
+                            else:
+                                log.warning("worker pid %s exited unexpectedly (code %s); "
+                                            "replacing it", worker.pid, code)
+                            await self._announce(worker, "worker-dropped")
+                            self._own.discard(worker.metadata.uid)
+                            self._own_changed()
                     finally:
-                        self._workers.remove(worker)
-                    if code is None:  # the pool is exiting
-                        await worker.stop(self._shutdown_budget.left)
-                        return
-                    if worker.metadata.uid in self._ended:
-                        self._ended.discard(worker.metadata.uid)
-                        log.info("worker pid %s ended (code %s); replacing it", worker.pid, code)
-                    else:
-                        log.warning("worker pid %s exited unexpectedly (code %s); replacing it",
-                                    worker.pid, code)
-                    await self._announce(worker, "worker-dropped")
-                    self._own.discard(worker.metadata.uid)
-                    self._own_changed()
+                        self._starting.discard(starting)
+                if starting.cancelled_caught:
+                    return  # the pool exits: nothing was started
             except Exception as exc:  # a supervisor never ends the pool's task group
                 if not started:
                     raise
@@ -556,12 +570,18 @@ class WorkerPool(SingleUse):
             with anyio.move_on_after(_RESTART_BACKOFF * 2 ** (start_failures - 1)):
                 await self._stopping.wait()
 
+    def _stop_starting(self) -> None:
+        """Cancel the worker starts under way (a cancelled start kills and reaps its process)."""
+        for scope in list(self._starting):
+            scope.cancel()
+
     def _hurry(self) -> None:
         """A Ctrl-C during the exit: spend no more time waiting; end the workers now (their
         calls in flight fail), and let the exit's forceful steps reap them."""
         log.warning("exiting %r in a hurry (Ctrl-C): ending its workers now", self)
         self._announce_budget.exhaust()
         self._shutdown_budget.exhaust()
+        self._stop_starting()
         for worker in self._workers:
             self._ended.add(worker.metadata.uid)
             worker.kill()
@@ -619,6 +639,8 @@ class WorkerPool(SingleUse):
                     functools.partial(self._supervise, backend, tags, replacing=True))
                 return
             except Exception as exc:
+                if self._stopping.is_set():
+                    return  # its start was cancelled by the pool's exit
                 reason = exc
                 log.warning("the replacement of a retiring worker failed to start (%d of "
                             "%d): %s", failures, _MAX_START_FAILURES, exc)
