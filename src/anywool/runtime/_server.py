@@ -86,6 +86,24 @@ class _Stop:
         self.busy_since = 0.0
         self._changed: anyio.Event | None = None  # made only while somebody drains
         self._drain_scope: anyio.CancelScope | None = None
+        self.terminated = False
+        self._on_terminate: set[anyio.CancelScope] = set()
+
+    def terminate(self) -> None:
+        """SIGTERM: stop now (as ``request(0)``), and cancel what :meth:`cancelled_by_sigterm`
+        covers (the lifespan's exit), also once it has begun."""
+        self.request(0)
+        self.terminated = True
+        for scope in self._on_terminate:
+            scope.cancel()
+
+    def cancelled_by_sigterm(self) -> anyio.CancelScope:
+        """A cancel scope that SIGTERM cancels, already cancelled if SIGTERM came."""
+        scope = anyio.CancelScope()
+        if self.terminated:
+            scope.cancel()
+        self._on_terminate.add(scope)
+        return scope
 
     def request(self, grace: float) -> None:
         if self.grace is None:
@@ -783,7 +801,10 @@ class Server:
         :meth:`watch_parent` does, once the loop turns)."""
 
         def on_signal(signum: int) -> None:
-            self.stop.request(0 if signum == signal.SIGTERM else -1)
+            if signum == signal.SIGTERM:
+                self.stop.terminate()
+            else:
+                self.stop.request(-1)
 
         return _interrupt.Interrupter(lambda: list(self.calls), lambda: self.stop.grace == 0,
                                       _interrupt.Interrupter.call_soon_here(), on_signal,

@@ -278,7 +278,8 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
             main_tg.start_soon(interrupter.heartbeat)
             info = _lifespan.WorkerInfo(_worker_uid(), _telemetry.worker.get(
                 "anywool.namespace"), str(announced), os.getpid())
-            running = _lifespan.Running(lifespan, info)
+            # SIGTERM cancels the lifespan's exit, also one under way (a close that hangs).
+            running = _lifespan.Running(lifespan, info, worker.stop.cancelled_by_sigterm)
             try:
                 await running.__aenter__()
             except Exception as exc:
