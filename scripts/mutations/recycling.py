@@ -84,4 +84,12 @@ MUTATIONS: list[Mutation] = [
         tests=(f"{_TESTS}::test_the_pools_own_call_on_a_retiring_worker_is_cancelled_at_exit",),
         why="break24: own calls on a withdrawn worker end RoutineCancelled at the exit",
     ),
+    Mutation(
+        name="recycling-memory-not-checked-at-start",
+        path=_WORKER,
+        old="""                too_large = _over(max_memory)""",
+        new="""                too_large = None""",
+        tests=(f"{_TESTS}::test_a_worker_past_max_memory_once_started_fails_its_start",),
+        why="break24: a worker past max_memory once started fails its start (no endless churn)",
+    ),
 ]

@@ -16,7 +16,8 @@ import psutil
 import pytest
 
 from anywool import WorkerPool, routine
-from anywool.errors import RoutineCancelled
+from anywool.errors import RoutineCancelled, WorkerError
+from anywool.runtime._worker import MEMORY_CHECK_INTERVAL
 
 from ..helpers import wait_until
 
@@ -202,6 +203,27 @@ async def test_the_pools_own_call_on_a_retiring_worker_is_cancelled_at_exit() ->
                         [], [first.metadata.uid]), "the retiring worker to be withdrawn")
                 # The call never ended by itself (its stream is open still).
             assert [type(exc) for exc in outcome] == [RoutineCancelled], outcome
+
+
+@contextlib.asynccontextmanager
+async def ballast(mib: int) -> AsyncIterator[None]:
+    """Holds ``mib`` MiB (touched: resident) for the worker's life, from its start."""
+    held = b"\x01" * (mib * MiB)
+    await anyio.sleep(2 * MEMORY_CHECK_INTERVAL)  # a start that takes a while, as a load does
+    yield
+    del held
+
+
+async def test_a_worker_past_max_memory_once_started_fails_its_start() -> None:
+    # It could never take a call: retiring at once, its replacements too, for ever, callers
+    # waiting; or, its memory passing the bound while it started, it said "retiring" where
+    # its parent waited for its address.
+    with anyio.fail_after(60):
+        with pytest.raises(WorkerError, match=r"once started, its memory \(.* MiB\) passed "
+                                              r"its max_memory \(64.0 MiB\)"):
+            async with WorkerPool(spawn=1, max_memory=64 * MiB,
+                                  worker_lifespan=partial(ballast, 128)):
+                pass  # pragma: no cover
 
 
 @pytest.mark.parametrize("options, error, message", [

@@ -181,7 +181,8 @@ class WorkerPool(SingleUse):
         fails to start is retried with the slot's back-off, the slot given up after 3 tries.
     :param max_memory: each spawned worker retires, likewise, once its resident set passes
         this many bytes (``int`` ≥ 1 MiB; ``None``: never; looked at ten times a second, also
-        while calls run).
+        while calls run). A worker past it once started (its lifespan entered) fails its
+        start.
     :raises TypeError: an argument has the wrong type, e.g. a ``discovery`` or ``loadbalancer``
         that is neither a protocol instance nor a Factory form, or a bare subscriber given to a
         spawning pool (checked at construction where the value says so, else at entry).
