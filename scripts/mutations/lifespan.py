@@ -55,4 +55,14 @@ MUTATIONS: list[Mutation] = [
         tests=(f"{_TESTS}::test_a_lifespan_that_is_no_context_manager_fails_the_start",),
         why="a lifespan returning something else fails the start with a clear error",
     ),
+    Mutation(
+        name="lifespan-exit-not-cancelled-by-sigterm",
+        path="src/anywool/runtime/_server.py",
+        old="""            if signum == signal.SIGTERM:
+                self.stop.terminate()""",
+        new="""            if signum == signal.SIGTERM:
+                self.stop.request(0)""",
+        tests=("tests/integration/test_lifespan.py::test_sigterm_cancels_a_lifespan_exit_that_hangs",),
+        why="break24: SIGTERM cancels the lifespan's exit, also one under way",
+    ),
 ]

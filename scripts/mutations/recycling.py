@@ -30,16 +30,10 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="recycling-stopped-before-its-replacement",
         path=_POOL,
-        old="""        await self._start_replacement(backend, tags)
-        await self._announce(worker, "worker-dropped")
-        self._own.discard(worker.metadata.uid)
-        self._own_changed()
-        await worker.stop(self._shutdown_timeout)""",
+        old="""        replacement, failure = await self._start_replacement(backend, tags, give_up=not recycling)""",
         new="""        await self._announce(worker, "worker-dropped")
-        self._own.discard(worker.metadata.uid)
-        self._own_changed()
         await worker.stop(self._shutdown_timeout)
-        await self._start_replacement(backend, tags)""",
+        replacement, failure = await self._start_replacement(backend, tags, give_up=not recycling)""",
         tests=(f"{_TESTS}::test_a_worker_leaking_past_max_memory_is_replaced_while_its_call_runs",),
         why="issue 24: a retiring worker is replaced before it leaves",
     ),
@@ -63,6 +57,38 @@ MUTATIONS: list[Mutation] = [
         tests=(f"{_TESTS}::test_a_retiring_worker_finishes_the_stream_it_runs",
                f"{_TESTS}::test_a_worker_leaking_past_max_memory_is_replaced_while_its_call_runs"),
         why="issue 24: a worker past its bound finishes its calls",
+    ),
+    Mutation(
+        name="recycling-retiring-drain-bounded-by-shutdown-timeout",
+        path=_POOL,
+        old="""                await worker.drain()""",
+        new="""                await worker.stop(self._shutdown_timeout)""",
+        tests=(f"{_TESTS}::test_a_retiring_worker_finishes_a_call_that_outlasts_shutdown_timeout",),
+        why="break24: shutdown_timeout bounds the exit's drain, not a retiring worker's calls",
+    ),
+    Mutation(
+        name="recycling-exit-waits-for-a-starting-replacement",
+        path=_POOL,
+        old="""            self._stop_starting()  # a replacement starting""",
+        new="""            pass  # a replacement starting""",
+        tests=(f"{_TESTS}::test_the_pools_exit_does_not_wait_for_a_replacement_that_is_starting",),
+        why="break24: the pool's exit is bounded, a replacement's slow start (lifespan) included",
+    ),
+    Mutation(
+        name="recycling-exit-drops-calls-on-withdrawn-workers",
+        path="src/anywool/runtime/_proxy.py",
+        old="""[c for _, c in self._ready.values()] + list(self._withdrawn)""",
+        new="""[c for _, c in self._ready.values()]""",
+        tests=(f"{_TESTS}::test_the_pools_own_call_on_a_retiring_worker_is_cancelled_at_exit",),
+        why="break24: own calls on a withdrawn worker end RoutineCancelled at the exit",
+    ),
+    Mutation(
+        name="recycling-memory-not-checked-at-start",
+        path=_WORKER,
+        old="""                too_large = _over(max_memory)""",
+        new="""                too_large = None""",
+        tests=(f"{_TESTS}::test_a_worker_past_max_memory_once_started_fails_its_start",),
+        why="break24: a worker past max_memory once started fails its start (no endless churn)",
     ),
 ]
 

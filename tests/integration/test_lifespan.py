@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 import anywool
-from anywool import WorkerPool, current_worker, routine
+from anywool import LocalWorker, WorkerPool, current_worker, routine
 from anywool.errors import WorkerError
 
 from ..helpers import Signal
@@ -57,6 +57,16 @@ async def failing_at_exit(path: str) -> AsyncIterator[None]:
 
 def not_a_context_manager() -> int:
     return 42
+
+
+@contextlib.asynccontextmanager
+async def hanging_at_exit(path: str) -> AsyncIterator[None]:
+    yield
+    try:
+        await anyio.sleep_forever()  # a close that never ends
+    finally:
+        with open(path, "a") as file:
+            file.write("exit ended\n")
 
 
 @routine
@@ -142,6 +152,18 @@ async def test_a_lifespan_that_fails_at_exit_is_logged(
     err = capfd.readouterr().err
     assert "the worker's lifespan failed as it exited" in err
     assert "could not close the database" in err
+
+
+async def test_sigterm_cancels_a_lifespan_exit_that_hangs(tmp_path: Path) -> None:
+    # The stop's drain (none here) and its tail pass while the exit hangs; SIGTERM then
+    # cancels it (as documented), rather than the worker waiting for SIGKILL, which would
+    # leave the lifespan's own cleanup unrun.
+    path = tmp_path / "journal"
+    with anyio.fail_after(30):
+        async with LocalWorker(lifespan=partial(hanging_at_exit, str(path)),
+                               shutdown_timeout=0):
+            pass
+    assert path.read_text() == "exit ended\n"
 
 
 async def test_a_lifespan_named_by_module_and_name() -> None:

@@ -16,7 +16,8 @@ import psutil
 import pytest
 
 from anywool import WorkerPool, routine
-from anywool.errors import WorkerError
+from anywool.errors import RoutineCancelled, WorkerError
+from anywool.runtime._worker import MEMORY_CHECK_INTERVAL
 
 from ..helpers import wait_until
 
@@ -176,6 +177,116 @@ async def test_a_recycle_whose_replacement_cannot_start_keeps_the_workers(
 async def test_recycle_needs_an_entered_pool() -> None:
     with pytest.raises(RuntimeError, match="not entered"):
         await WorkerPool(spawn=1).recycle()
+
+
+@routine
+async def hold_until_go(port: int) -> int:
+    """Tells the test it started, and returns once the test says ``go``."""
+    stream = await anyio.connect_tcp("127.0.0.1", port)
+    async with stream:
+        await stream.send(b"started")
+        assert await stream.receive() == b"go"
+    return os.getpid()
+
+
+@contextlib.asynccontextmanager
+async def first_start_only(path: str) -> AsyncIterator[None]:
+    """Enters at once in the first worker started; in every later one, notes that it is
+    entering in ``path`` and never finishes (a replacement whose start takes for ever)."""
+    with open(path, "a") as file:
+        file.write(f"entering {os.getpid()}\n")
+    if len(Path(path).read_text().splitlines()) > 1:
+        await anyio.sleep_forever()
+    yield
+
+
+async def test_a_retiring_worker_finishes_a_call_that_outlasts_shutdown_timeout() -> None:
+    # shutdown_timeout bounds the drain of the pool's exit, not how long a retiring worker's
+    # calls may take: the retiring worker must not be stopped with it while the pool runs.
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    with anyio.fail_after(60):
+        async with listener, WorkerPool(spawn=1, max_calls=1, shutdown_timeout=0) as pool:
+            [first] = pool.workers
+            returned: list[int] = []
+            async with anyio.create_task_group() as tg:
+
+                async def holding() -> None:
+                    returned.append(await hold_until_go(port))
+
+                tg.start_soon(holding)
+                stream = await listener.listeners[0].accept()  # type: ignore[attr-defined]
+                async with stream:
+                    assert await stream.receive() == b"started"
+                    # Replaced and withdrawn (until then it was announced): its call still runs.
+                    await wait_until(lambda: [m.uid for m in pool.proxy.workers] not in (
+                        [], [first.metadata.uid]), "the retiring worker to be withdrawn")
+                    assert await pid() != first.pid  # the replacement serves meanwhile
+                    await stream.send(b"go")
+            assert returned == [first.pid]
+            await first.wait()  # it left by itself, once its call ended
+
+
+async def test_the_pools_exit_does_not_wait_for_a_replacement_that_is_starting(
+        tmp_path: Path) -> None:
+    path = tmp_path / "starts"
+    with anyio.fail_after(30):
+        async with WorkerPool(spawn=1, max_calls=1, startup_timeout=120, shutdown_timeout=1,
+                              worker_lifespan=partial(first_start_only, str(path))):
+            await pid()  # its worker retires; its replacement's start never ends
+            await wait_until(lambda: len(path.read_text().splitlines()) == 2,
+                             "the replacement's lifespan to be entered")
+        # The exit cancelled the start (its process is killed and reaped: see conftest).
+
+
+async def test_the_pools_own_call_on_a_retiring_worker_is_cancelled_at_exit() -> None:
+    # A withdrawn worker is no longer among the proxy's choice of workers; the proxy's exit
+    # still asks it to cancel the calls of its own that it runs (not dropping the connection
+    # under them).
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    with anyio.fail_after(60):
+        async with listener, anyio.create_task_group() as tg:
+            outcome: list[BaseException] = []
+
+            async def holding() -> None:
+                try:
+                    await hold_until_go(port)
+                except Exception as exc:
+                    outcome.append(exc)
+
+            async with contextlib.AsyncExitStack() as streams:
+                async with WorkerPool(spawn=1, max_calls=1, shutdown_timeout=0.5) as pool:
+                    [first] = pool.workers
+                    tg.start_soon(holding)
+                    stream = await streams.enter_async_context(
+                        await listener.listeners[0].accept())  # type: ignore[attr-defined]
+                    assert await stream.receive() == b"started"
+                    await wait_until(lambda: [m.uid for m in pool.proxy.workers] not in (
+                        [], [first.metadata.uid]), "the retiring worker to be withdrawn")
+                # The call never ended by itself (its stream is open still).
+            assert [type(exc) for exc in outcome] == [RoutineCancelled], outcome
+
+
+@contextlib.asynccontextmanager
+async def ballast(mib: int) -> AsyncIterator[None]:
+    """Holds ``mib`` MiB (touched: resident) for the worker's life, from its start."""
+    held = b"\x01" * (mib * MiB)
+    await anyio.sleep(2 * MEMORY_CHECK_INTERVAL)  # a start that takes a while, as a load does
+    yield
+    del held
+
+
+async def test_a_worker_past_max_memory_once_started_fails_its_start() -> None:
+    # It could never take a call: retiring at once, its replacements too, for ever, callers
+    # waiting; or, its memory passing the bound while it started, it said "retiring" where
+    # its parent waited for its address.
+    with anyio.fail_after(60):
+        with pytest.raises(WorkerError, match=r"once started, its memory \(.* MiB\) passed "
+                                              r"its max_memory \(64.0 MiB\)"):
+            async with WorkerPool(spawn=1, max_memory=64 * MiB,
+                                  worker_lifespan=partial(ballast, 128)):
+                pass  # pragma: no cover
 
 
 @pytest.mark.parametrize("options, error, message", [

@@ -26,7 +26,12 @@ import importlib
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    nullcontext,
+)
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -156,10 +161,12 @@ class Running:
     is not an async context manager.
     """
 
-    def __init__(self, factory: Lifespan | None, info: WorkerInfo) -> None:
+    def __init__(self, factory: Lifespan | None, info: WorkerInfo,
+                 exit_scope: Callable[[], AbstractContextManager[Any]] = nullcontext) -> None:
         self._factory = factory
         self._info = info
         self._manager: Any = None
+        self._exit_scope = exit_scope  # what the exit runs in (SIGTERM cancels it)
 
     async def __aenter__(self) -> WorkerInfo:
         global _current
@@ -192,6 +199,7 @@ class Running:
         if manager is None:
             return
         try:
-            await manager.__aexit__(*exc_info)
+            with self._exit_scope():
+                await manager.__aexit__(*exc_info)
         except Exception:
             log.exception("the worker's lifespan failed as it exited")

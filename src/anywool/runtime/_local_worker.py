@@ -356,6 +356,22 @@ class LocalWorker(SingleUse):
             if text.startswith(RETIRING):
                 return text[len(RETIRING):]
 
+    async def drain(self) -> int:
+        """Ask the worker to stop once its calls in flight have ended, however long they take
+        (it refuses new ones meanwhile), and wait until it exits; its exit code. A later
+        :meth:`stop` bounds that drain by its own ``grace``, and reaps the process.
+
+        :raises RuntimeError: the worker has not started, or was already stopped and reaped.
+
+        Cancellation: only the wait is cancelled; the worker goes on draining.
+        """
+        process = self._process
+        if process is None:
+            raise RuntimeError("the LocalWorker is not running")
+        if process.returncode is None:
+            await self._request_stop(process, -1.0)
+        return await process.wait()
+
     async def wait(self) -> int:
         """Wait until the worker process exits, however it ends, and return its exit code.
 

@@ -176,12 +176,14 @@ class WorkerPool(SingleUse):
         by the worker.
     :param max_calls: each spawned worker retires after taking this many calls (``int`` ≥ 1;
         ``None``: never): it refuses new calls (callers go to other workers), finishes those
-        it runs, and the pool starts its replacement, announces it, then withdraws and stops
-        the retiring worker (its calls drain within ``shutdown_timeout``). A replacement that
+        it runs (however long they take), and the pool starts its replacement, announces it,
+        then withdraws the retiring worker, which exits once they have ended (the pool's exit
+        drains them within ``shutdown_timeout``, as any worker's). A replacement that
         fails to start is retried with the slot's back-off, the slot given up after 3 tries.
     :param max_memory: each spawned worker retires, likewise, once its resident set passes
         this many bytes (``int`` ≥ 1 MiB; ``None``: never; looked at ten times a second, also
-        while calls run).
+        while calls run). A worker past it once started (its lifespan entered) fails its
+        start.
     :raises TypeError: an argument has the wrong type, e.g. a ``discovery`` or ``loadbalancer``
         that is neither a protocol instance nor a Factory form, or a bare subscriber given to a
         spawning pool (checked at construction where the value says so, else at entry).
@@ -321,6 +323,7 @@ class WorkerPool(SingleUse):
         self._stopping = anyio.Event()
         self._slots = 0  # worker slots that have not been given up
         self._ended: set[UUID] = set()  # workers this pool killed itself (see _end_stuck)
+        self._starting: set[anyio.CancelScope] = set()  # around each worker start under way
         self._given_up: str | None = None  # why every slot was, once they all were
         self._announce_budget = Budget(self._announce_timeout)
         self._shutdown_budget = Budget(self._shutdown_timeout)
@@ -505,6 +508,7 @@ class WorkerPool(SingleUse):
 
         async def stop_supervisors() -> None:
             self._stopping.set()
+            self._stop_starting()  # a replacement starting (its lifespan, say) is not waited for
             await exit_task_group(supervisors, cancel=False)  # they stop their workers
 
         stack.push_async_callback(stop_supervisors)
@@ -548,46 +552,58 @@ class WorkerPool(SingleUse):
                                  output_level=self._spawned_output_level(),
                                  lifespan=self._lifespan, max_calls=self._max_calls,
                                  max_memory=self._max_memory)
+            born = anyio.current_time()  # again once it is up
             try:
-                async with worker:
-                    born = anyio.current_time()
-                    self._own.add(worker.metadata.uid)
-                    self._own_changed()
-                    self._workers.append(worker)
-                    self._adopted(worker)
-                    uid = worker.metadata.uid
+                # The pool's exit (or a Ctrl-C) cancels a start under way: a worker's start
+                # may take up to startup_timeout (its lifespan's entry), which no exit waits for.
+                with anyio.CancelScope() as starting:
+                    self._starting.add(starting)
                     try:
-                        if started or replacing:
-                            await self._announce(worker, "worker-added")
-                        if not started:
-                            started = True
-                            task_status.started(worker)
-                        while True:
-                            asked = self._recycle_asked[uid] = anyio.Event()
-                            code, retiring = await self._until_exit_or_stop(worker, asked)
-                            if retiring is None:
-                                break
-                            if await self._retire(worker, retiring, backend, tags,
-                                                  recycling=asked.is_set()):
+                        async with worker:
+                            self._starting.discard(starting)
+                            born = anyio.current_time()
+                            self._own.add(worker.metadata.uid)
+                            self._own_changed()
+                            self._workers.append(worker)
+                            self._adopted(worker)
+                            uid = worker.metadata.uid
+                            try:
+                                if started or replacing:
+                                    await self._announce(worker, "worker-added")
+                                if not started:
+                                    started = True
+                                    task_status.started(worker)
+                                while True:
+                                    asked = self._recycle_asked[uid] = anyio.Event()
+                                    code, retiring = await self._until_exit_or_stop(worker, asked)
+                                    if retiring is None:
+                                        break
+                                    if await self._retire(worker, retiring, backend, tags,
+                                                          recycling=asked.is_set()):
+                                        return
+                            finally:
+                                self._workers.remove(worker)
+                                self._recycle_asked.pop(uid, None)
+                                recycled = self._recycled.pop(uid, None)
+                                if recycled is not None:
+                                    recycled.set()
+                            if code is None:  # the pool is exiting
+                                await worker.stop(self._shutdown_budget.left)
                                 return
+                            if worker.metadata.uid in self._ended:
+                                self._ended.discard(worker.metadata.uid)
+                                log.info("worker pid %s ended (code %s); replacing it",
+                                         worker.pid, code)
+                            else:
+                                log.warning("worker pid %s exited unexpectedly (code %s); "
+                                            "replacing it", worker.pid, code)
+                            await self._announce(worker, "worker-dropped")
+                            self._own.discard(worker.metadata.uid)
+                            self._own_changed()
                     finally:
-                        self._workers.remove(worker)
-                        self._recycle_asked.pop(uid, None)
-                        recycled = self._recycled.pop(uid, None)
-                        if recycled is not None:
-                            recycled.set()
-                    if code is None:  # the pool is exiting
-                        await worker.stop(self._shutdown_budget.left)
-                        return
-                    if worker.metadata.uid in self._ended:
-                        self._ended.discard(worker.metadata.uid)
-                        log.info("worker pid %s ended (code %s); replacing it", worker.pid, code)
-                    else:
-                        log.warning("worker pid %s exited unexpectedly (code %s); replacing it",
-                                    worker.pid, code)
-                    await self._announce(worker, "worker-dropped")
-                    self._own.discard(worker.metadata.uid)
-                    self._own_changed()
+                        self._starting.discard(starting)
+                if starting.cancelled_caught:
+                    return  # the pool exits: nothing was started
             except Exception as exc:  # a supervisor never ends the pool's task group
                 if not started:
                     raise
@@ -605,12 +621,18 @@ class WorkerPool(SingleUse):
             with anyio.move_on_after(_RESTART_BACKOFF * 2 ** (start_failures - 1)):
                 await self._stopping.wait()
 
+    def _stop_starting(self) -> None:
+        """Cancel the worker starts under way (a cancelled start kills and reaps its process)."""
+        for scope in list(self._starting):
+            scope.cancel()
+
     def _hurry(self) -> None:
         """A Ctrl-C during the exit: spend no more time waiting; end the workers now (their
         calls in flight fail), and let the exit's forceful steps reap them."""
         log.warning("exiting %r in a hurry (Ctrl-C): ending its workers now", self)
         self._announce_budget.exhaust()
         self._shutdown_budget.exhaust()
+        self._stop_starting()
         for worker in self._workers:
             self._ended.add(worker.metadata.uid)
             worker.kill()
@@ -633,11 +655,12 @@ class WorkerPool(SingleUse):
     async def _retire(self, worker: LocalWorker, reason: str, backend: str,
                       tags: frozenset[str], *, recycling: bool) -> bool:
         """Replace ``worker``: start its replacement in a supervisor of its own, wait until
-        this pool's proxy is connected to it, then withdraw ``worker`` and stop it, its calls
-        drained within ``shutdown_timeout``. Whether it was: a worker that retires by itself
-        (it takes no new calls) is stopped even when no replacement starts (its slot is given
-        up); one that ``recycling`` replaces stays when none starts (the reason is kept for
-        :meth:`recycle`)."""
+        this pool's proxy is connected to it, then withdraw ``worker`` and let its calls
+        finish, however long they take (it then exits by itself); the pool's exit stops it as
+        any worker, its calls drained within what is left of ``shutdown_timeout``. Whether it
+        was replaced: a worker that retires by itself (it takes no new calls) is withdrawn even
+        when no replacement starts (its slot is given up); one that ``recycling`` replaces
+        stays when none starts (the reason is kept for :meth:`recycle`)."""
         log.info("worker pid %s %s; replacing it", worker.pid, reason)
         replacement, failure = await self._start_replacement(backend, tags, give_up=not recycling)
         if replacement is None and recycling and not (self._stopping.is_set() or self._exiting):
@@ -652,7 +675,17 @@ class WorkerPool(SingleUse):
         await self._announce(worker, "worker-dropped")
         self._own.discard(worker.metadata.uid)
         self._own_changed()
-        await worker.stop(self._shutdown_timeout)
+        if not self._stopping.is_set():
+            async with anyio.create_task_group() as tg:
+
+                async def until_stopping() -> None:
+                    await self._stopping.wait()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(until_stopping)
+                await worker.drain()
+                tg.cancel_scope.cancel()
+        await worker.stop(self._shutdown_budget.left)
         return True
 
     async def _until_proxy_has(self, worker: LocalWorker) -> None:
@@ -682,6 +715,8 @@ class WorkerPool(SingleUse):
                     functools.partial(self._supervise, backend, tags, replacing=True))
                 return worker, ""
             except Exception as exc:
+                if self._stopping.is_set():
+                    return None, "the pool is exiting"  # its start was cancelled by the exit
                 reason = exc
                 log.warning("a replacement worker failed to start (%d of %d): %s", failures,
                             _MAX_START_FAILURES, exc)

@@ -355,6 +355,9 @@ class WorkerProxy(SingleUse):
         self._owned_at: tuple[float, bool | None] | None = None  # when the owner was asked
         self._waiting: dict[UUID, WorkerMetadata] = {}  # over the lease, in arrival order
         self._ready: dict[UUID, tuple[WorkerMetadata, WorkerConnection]] = {}
+        # Connections to workers withdrawn while calls of ours ran on them, kept until those
+        # end: the exit cancels them there too (see _close).
+        self._withdrawn: set[WorkerConnection] = set()
         self._ready_list: list[tuple[WorkerMetadata, WorkerConnection]] = []
         self._connecting = 0  # admitted workers whose first connection attempt is under way
         # Admitted workers whose latest connection failed authentication, and with what.
@@ -450,7 +453,7 @@ class WorkerProxy(SingleUse):
             with anyio.CancelScope(shield=True), anyio.move_on_after(
                 min(self._cancel_timeout, _CANCEL_AT_EXIT)
             ):
-                for _, connection in list(self._ready.values()):
+                for connection in [c for _, c in self._ready.values()] + list(self._withdrawn):
                     await connection.cancel_all()
                 await self._in_flight.wait_idle()
         task_group, self._task_group = self._task_group, None
@@ -617,7 +620,11 @@ class WorkerProxy(SingleUse):
                             # Withdrawn: no new call goes to it, but the calls on it may finish
                             # (a stopping worker drains them): closing now would fail them.
                             self._unready(uid, connection)
-                            await connection.wait_idle()
+                            self._withdrawn.add(connection)
+                            try:
+                                await connection.wait_idle()
+                            finally:
+                                self._withdrawn.discard(connection)
                 except AuthenticationError as exc:
                     self._rejected[uid] = exc
                     rejected = True

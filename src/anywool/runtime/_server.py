@@ -86,6 +86,24 @@ class _Stop:
         self.busy_since = 0.0
         self._changed: anyio.Event | None = None  # made only while somebody drains
         self._drain_scope: anyio.CancelScope | None = None
+        self.terminated = False
+        self._on_terminate: set[anyio.CancelScope] = set()
+
+    def terminate(self) -> None:
+        """SIGTERM: stop now (as ``request(0)``), and cancel what :meth:`cancelled_by_sigterm`
+        covers (the lifespan's exit), also once it has begun."""
+        self.request(0)
+        self.terminated = True
+        for scope in self._on_terminate:
+            scope.cancel()
+
+    def cancelled_by_sigterm(self) -> anyio.CancelScope:
+        """A cancel scope that SIGTERM cancels, already cancelled if SIGTERM came."""
+        scope = anyio.CancelScope()
+        if self.terminated:
+            scope.cancel()
+        self._on_terminate.add(scope)
+        return scope
 
     def request(self, grace: float) -> None:
         if self.grace is None:
@@ -95,6 +113,12 @@ class _Stop:
             self.grace = 0  # escalation: stop draining, cancel now
             if self._drain_scope is not None:
                 self._drain_scope.cancel()
+        elif grace > 0 and self.grace < 0:
+            # A bound for a drain that had none (a retiring worker's, drained for as long as
+            # its calls take, when its pool exits; SIGINT's): from now on.
+            self.grace = grace
+            if self._drain_scope is not None:
+                self._drain_scope.deadline = anyio.current_time() + grace
 
     def started(self, at: float) -> None:
         """A call started; ``at`` is when its frame was read (``time.perf_counter()``)."""
@@ -777,7 +801,10 @@ class Server:
         :meth:`watch_parent` does, once the loop turns)."""
 
         def on_signal(signum: int) -> None:
-            self.stop.request(0 if signum == signal.SIGTERM else -1)
+            if signum == signal.SIGTERM:
+                self.stop.terminate()
+            else:
+                self.stop.request(-1)
 
         return _interrupt.Interrupter(lambda: list(self.calls), lambda: self.stop.grace == 0,
                                       _interrupt.Interrupter.call_soon_here(), on_signal,

@@ -19,7 +19,7 @@ closes cancels its calls. The worker stops:
 
 * on a stop request, a line ``stop <grace>`` on stdin: ``grace`` seconds to drain in-flight calls
   (new ones are refused with ``NACK``), ``0`` to cancel them now, negative to drain for as long
-  as they take;
+  as they take (a later request with a grace ≥ 0 bounds that drain, from when it comes);
 * at EOF on stdin (its parent closed the pipe or died, even by SIGKILL), or when its parent
   exits (seen on a pidfd, also while another process holds the pipe's write end): cancels now.
   If it has not exited 5 s after that (a routine that shields itself, or blocks the event loop,
@@ -267,8 +267,6 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
             worker = Server(str(announced), NestedProxies(main_tg, idle_timeout, str(announced)),
                              max_concurrency, control, max_calls=max_calls,
                              on_retire=say_retiring)
-            if max_memory is not None:
-                main_tg.start_soon(_watch_memory, worker, max_memory)
             main_tg.start_soon(worker.watch_stdin)
             if lifeline is not None:
                 main_tg.start_soon(worker.watch_parent, lifeline.parent)
@@ -278,7 +276,8 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
             main_tg.start_soon(interrupter.heartbeat)
             info = _lifespan.WorkerInfo(_worker_uid(), _telemetry.worker.get(
                 "anywool.namespace"), str(announced), os.getpid())
-            running = _lifespan.Running(lifespan, info)
+            # SIGTERM cancels the lifespan's exit, also one under way (a close that hangs).
+            running = _lifespan.Running(lifespan, info, worker.stop.cancelled_by_sigterm)
             try:
                 await running.__aenter__()
             except Exception as exc:
@@ -288,6 +287,15 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
                 main_tg.cancel_scope.cancel()
                 return
             async with running.entered(), anyio.create_task_group() as serving:
+                too_large = _over(max_memory)
+                if too_large is not None:
+                    # It could never take a call: a start that fails (its replacements too,
+                    # given up after a few), rather than one that retires at once, for ever.
+                    sys.stdout.write(f"{STARTUP_ERROR}once started, {too_large}\n")
+                    sys.stdout.flush()
+                    failed = True
+                    main_tg.cancel_scope.cancel()
+                    return
                 gate = None
                 if not announced.is_unix:
                     from anywool.runtime import _gatekeeper
@@ -296,6 +304,10 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
                     gate = _gatekeeper.Gatekeeper(credentials, str(announced), worker.handle)
                 for one in _sockets(listener):
                     serving.start_soon(_accept, one, worker.handle, serving, gate)
+                if max_memory is not None:
+                    # Only now (it runs at the next checkpoint, after the address is said): a
+                    # "retiring" line before the address would be taken for it.
+                    main_tg.start_soon(_watch_memory, worker, max_memory)
                 sys.stdout.write(f"{announced}\n")
                 sys.stdout.flush()
                 os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # later output → stderr
@@ -320,17 +332,28 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
         with anyio.CancelScope(shield=True):
             await _close_listener(listener)
         remove_socket()
-    if failed:
-        raise SystemExit(1)
+        if failed:  # here: its start failed where the main task returns
+            raise SystemExit(1)  # noqa: B012
+
+
+def _over(limit: int | None) -> str | None:
+    """Why this process's resident set is past ``limit`` bytes, in words; ``None``: it is not
+    (or there is no limit, or it cannot be known)."""
+    if limit is None:
+        return None
+    size, _ = _stats.memory()
+    if size is not None and size > limit:
+        return f"its memory ({size / 2**20:.1f} MiB) passed its max_memory " \
+               f"({limit / 2**20:.1f} MiB)"
+    return None
 
 
 async def _watch_memory(worker: Server, limit: int) -> None:
     """Retire ``worker`` once this process's resident set passes ``limit`` bytes."""
     while worker.retiring is None:
-        size, _ = _stats.memory()
-        if size is not None and size > limit:
-            worker.retire(f"its memory ({size / 2**20:.1f} MiB) passed its max_memory "
-                          f"({limit / 2**20:.1f} MiB)")
+        reason = _over(limit)
+        if reason is not None:
+            worker.retire(reason)
             return
         await anyio.sleep(MEMORY_CHECK_INTERVAL)
 
