@@ -149,17 +149,6 @@ MUTATIONS: list[Mutation] = [
         why="the deferred span is made once, whichever thread needs it first",
     ),
     Mutation(
-        name="otel-root-span-made-in-the-current-context",
-        path=_TELEMETRY,
-        old="""                context = parent if parent is not None else telemetry.Context() \\
-                    if trace is None else telemetry.parent(trace)""",
-        new="""                context = parent if parent is not None else None \\
-                    if trace is None else telemetry.parent(trace)""",
-        tests=(f"{_UNIT}::test_a_root_span_needed_during_the_call_is_a_root",),
-        why="a call without a caller's context makes a root span (the current context holds "
-            "the deferred span itself)",
-    ),
-    Mutation(
         name="otel-fast-traceparent-ignores-baggage",
         path=_TELEMETRY,
         old="""            if not context.trace_state and not self.baggage():""",
