@@ -66,3 +66,14 @@ MUTATIONS: list[Mutation] = [
         why="break24: SIGTERM cancels the lifespan's exit, also one under way",
     ),
 ]
+
+MUTATIONS += [
+    Mutation(
+        name="lifespan-size-unbounded",
+        path=_LIFESPAN,
+        old="""    if len(text) > _ENCODED_AT_MOST:""",
+        new="""    if False:""",
+        tests=(f"{_TESTS}::test_a_lifespan_too_large_to_hand_over_is_refused_at_construction",),
+        why="a lifespan too large for the worker's environment is refused where it is given",
+    ),
+]

@@ -135,3 +135,24 @@ MUTATIONS += [
         why="issue 24: a host recycles its workers from outside (SIGHUP)",
     ),
 ]
+
+MUTATIONS += [
+    Mutation(
+        name="recycling-max-memory-floor-missing",
+        path="src/anywool/runtime/_local_worker.py",
+        old="""        "max_memory", max_memory, lower=MIN_MAX_MEMORY, upper=MAX_MAX_CALLS)""",
+        new="""        "max_memory", max_memory, lower=1, upper=MAX_MAX_CALLS)""",
+        tests=(f"{_TESTS}::test_bad_recycling_bounds_are_refused_at_construction",),
+        why="max_memory is at least 1 MiB (README)",
+    ),
+    Mutation(
+        name="recycling-max-calls-floor-missing",
+        path="src/anywool/runtime/_local_worker.py",
+        old="""    calls = None if max_calls is None else _validate.count("max_calls", max_calls,
+                                                           upper=MAX_MAX_CALLS)""",
+        new="""    calls = None if max_calls is None else _validate.count("max_calls", max_calls,
+                                                           lower=0, upper=MAX_MAX_CALLS)""",
+        tests=(f"{_TESTS}::test_bad_recycling_bounds_are_refused_at_construction",),
+        why="max_calls is at least 1",
+    ),
+]

@@ -19,7 +19,7 @@ import anywool
 from anywool import LocalWorker, WorkerPool, current_worker, routine
 from anywool.errors import WorkerError
 
-from ..helpers import Signal
+from ..helpers import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -84,13 +84,13 @@ async def namespace_seen() -> str | None:
 
 @routine
 async def note_when_done(path: str, port: int) -> None:
-    """Tells the test it started, then appends ``call done`` to ``path`` once its work (a
-    pause long enough for the pool's exit to begin) is done."""
+    """Tells the test it started, waits for its ``go``, then appends ``call done`` to
+    ``path``."""
     info = current_worker()
     stream = await anyio.connect_tcp("127.0.0.1", port)
     async with stream:
         await stream.send(b"started")
-    await anyio.sleep(0.5)  # the work: the pool's exit waits for it
+        assert await stream.receive() == b"go"
     info.state["calls"] += 1
     with open(path, "a") as file:
         file.write("call done\n")
@@ -116,12 +116,23 @@ async def test_routines_reach_what_the_lifespan_yields(tmp_path: Path) -> None:
 
 async def test_the_lifespan_exits_after_the_last_call(tmp_path: Path) -> None:
     path = tmp_path / "journal"
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
     with anyio.fail_after(30):
-        async with anyio.create_task_group() as tg, Signal() as signal:
+        async with listener, anyio.create_task_group() as tg:
             async with WorkerPool(spawn=1, worker_lifespan=partial(journal, str(path))) as pool:
                 [worker] = pool.workers
-                tg.start_soon(note_when_done, str(path), signal.port)
-                await signal.started()
+                tg.start_soon(note_when_done, str(path), port)
+                stream = await listener.listeners[0].accept()  # type: ignore[attr-defined]
+                assert await stream.receive() == b"started"
+
+                async def release() -> None:
+                    # The call ends only once the pool's exit has begun: the exit drains it.
+                    await wait_until(lambda: pool._exiting, "the pool's exit to begin")
+                    async with stream:
+                        await stream.send(b"go")
+
+                tg.start_soon(release)
             # The pool has exited: its call drained first, then the lifespan exited.
     assert path.read_text().splitlines() == [
         f"enter {worker.pid}", "call done", f"exit {worker.pid} after 1 calls"]
@@ -213,3 +224,14 @@ def test_a_lifespan_that_cannot_be_sent_is_refused_at_construction() -> None:
 def test_a_lifespan_for_a_pool_that_spawns_nothing_is_refused() -> None:
     with pytest.raises(ValueError, match="spawns none"):
         WorkerPool(discovery=anywool.LocalDiscovery("lifespan-none"), worker_lifespan=journal)
+
+
+def test_a_lifespan_too_large_to_hand_over_is_refused_at_construction() -> None:
+    ballast = bytes(range(256)) * 400  # 100 KiB, pickled with the function (defined here)
+
+    @contextlib.asynccontextmanager
+    async def heavy() -> AsyncIterator[int]:
+        yield len(ballast)
+
+    with pytest.raises(TypeError, match="too large to hand to a worker"):
+        WorkerPool(spawn=1, worker_lifespan=heavy)
