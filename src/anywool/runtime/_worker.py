@@ -134,8 +134,7 @@ async def _open_listener(
     except OSError as exc:  # gaierror included: a name that does not resolve
         # Said on stdout, where the parent waits for the address: one line it can raise.
         reason = exc.strerror or str(exc) or type(exc).__name__
-        sys.stdout.write(f"{STARTUP_ERROR}cannot listen on {address}: {reason}\n")
-        sys.stdout.flush()
+        _start_failed(f"cannot listen on {address}: {reason}")
         raise SystemExit(1) from None
     port = tcp.extra(SocketAttribute.local_port)
     if host in _interfaces.WILDCARDS:
@@ -281,8 +280,7 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
             try:
                 await running.__aenter__()
             except Exception as exc:
-                sys.stdout.write(f"{STARTUP_ERROR}its lifespan failed to start: {exc!r}\n")
-                sys.stdout.flush()
+                _start_failed(f"its lifespan failed to start: {exc!r}")
                 failed = True
                 main_tg.cancel_scope.cancel()
                 return
@@ -291,8 +289,7 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
                 if too_large is not None:
                     # It could never take a call: a start that fails (its replacements too,
                     # given up after a few), rather than one that retires at once, for ever.
-                    sys.stdout.write(f"{STARTUP_ERROR}once started, {too_large}\n")
-                    sys.stdout.flush()
+                    _start_failed(f"once started, {too_large}")
                     failed = True
                     main_tg.cancel_scope.cancel()
                     return
@@ -334,6 +331,13 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
         remove_socket()
         if failed:  # here: its start failed where the main task returns
             raise SystemExit(1)  # noqa: B012
+
+
+def _start_failed(reason: str) -> None:
+    """Say why the start failed, as the one line on stdout where the parent waits for the
+    address (it raises it as a WorkerError)."""
+    sys.stdout.write(f"{STARTUP_ERROR}{reason}\n")
+    sys.stdout.flush()
 
 
 def _over(limit: int | None) -> str | None:
@@ -403,9 +407,7 @@ def _import_setup_modules() -> None:
         try:
             importlib.import_module(name)
         except BaseException as exc:
-            sys.stdout.write(f"{STARTUP_ERROR}${IMPORT_ENV}: cannot import {name!r}: "
-                             f"{exc!r}\n")
-            sys.stdout.flush()
+            _start_failed(f"${IMPORT_ENV}: cannot import {name!r}: {exc!r}")
             raise SystemExit(1) from None
 
 
@@ -534,8 +536,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         lifespan = _lifespan.from_environment()
     except ValueError as exc:
-        sys.stdout.write(f"{STARTUP_ERROR}{exc}\n")
-        sys.stdout.flush()
+        _start_failed(str(exc))
         raise SystemExit(1) from None
     backend_options = {}
     if options.backend == "asyncio":
