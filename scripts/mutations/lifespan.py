@@ -25,9 +25,9 @@ MUTATIONS: list[Mutation] = [
         name="lifespan-entry-failure-unsaid",
         path=_WORKER,
         old="""            except Exception as exc:
-                sys.stdout.write(f"{STARTUP_ERROR}its lifespan failed to start: {exc!r}\\n")""",
+                _start_failed(f"its lifespan failed to start: {exc!r}")""",
         new="""            except ZeroDivisionError as exc:
-                sys.stdout.write(f"{STARTUP_ERROR}its lifespan failed to start: {exc!r}\\n")""",
+                _start_failed(f"its lifespan failed to start: {exc!r}")""",
         tests=(f"{_TESTS}::test_a_lifespan_that_fails_to_start_fails_the_pools_start",),
         why="issue 24: a lifespan failing on entry fails the start, the pool says the cause",
     ),
