@@ -692,11 +692,8 @@ class WorkerPool(SingleUse):
         """Wait (within ``startup_timeout``) until this pool's proxy is connected to
         ``worker``, so that its calls have somewhere to go before the worker it replaces stops
         taking them."""
-        proxy = self._proxy
-        uid = worker.metadata.uid
-        with anyio.move_on_after(self._startup_timeout):
-            while proxy is not None and uid not in proxy._ready and proxy._active:
-                await proxy._changed.wait()
+        if self._proxy is not None:
+            await self._proxy._until_connected(worker.metadata.uid, self._startup_timeout)
 
     async def _start_replacement(self, backend: str, tags: frozenset[str], *, give_up: bool
                                  ) -> tuple[LocalWorker | None, BaseException | str]:

@@ -540,6 +540,13 @@ class WorkerProxy(SingleUse):
             uid = next(iter(self._waiting))
             self._admit(self._waiting.pop(uid))
 
+    async def _until_connected(self, uid: UUID, timeout: float) -> None:
+        """Wait until the worker ``uid`` is among this proxy's choice of workers (connected),
+        at most ``timeout`` seconds, or until the proxy stops taking calls."""
+        with anyio.move_on_after(timeout):
+            while uid not in self._ready and self._active:
+                await self._changed.wait()
+
     def _unresponsive(self, uid: UUID) -> None:
         """A worker did not take a cancellation within ``cancel_grace``: a pool ends its own
         (and replaces it); any other is taken out of the choice of workers at once, its
