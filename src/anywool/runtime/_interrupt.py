@@ -114,17 +114,17 @@ def _machinery_roots() -> tuple[str, ...]:
     """Where the code lives that an interruption must never cut halfway: anywool's runtime and
     discovery, AnyIO, sniffio, the backend, the event loop and the import system of the
     standard library."""
-    import asyncio
-
     here = os.path.dirname(os.path.abspath(__file__))  # anywool/runtime
     package = os.path.dirname(here)
-    roots = [here + os.sep, os.path.join(package, "discovery") + os.sep]
-    for module in (anyio, asyncio, sniffio, *(sys.modules.get(name) for name in
-                                             ("trio", "outcome"))):
+    stdlib = os.path.dirname(os.path.abspath(os.__file__))
+    # asyncio by where it is, not imported: a trio worker would pay ~20 ms for its import.
+    roots = [here + os.sep, os.path.join(package, "discovery") + os.sep,
+             os.path.join(stdlib, "asyncio") + os.sep]
+    for module in (anyio, sniffio, *(sys.modules.get(name) for name in
+                                     ("asyncio", "trio", "outcome"))):
         path = getattr(module, "__file__", None)
         if path:
             roots.append(os.path.dirname(os.path.abspath(path)) + os.sep)
-    stdlib = os.path.dirname(os.path.abspath(os.__file__))
     roots += [os.path.join(stdlib, name) for name in ("selectors.py", "threading.py")]
     roots += [os.path.join(stdlib, "importlib") + os.sep, "<frozen "]
     return tuple(roots)

@@ -85,7 +85,8 @@ class Lifeline:
             os.close(self.parent)
 
 
-def start(parent_pid: int, leftover: Path | None, grace: float) -> Lifeline | None:
+def start(parent_pid: int, leftover: Path | None, grace: float,
+          parent_pidfd: int | None = None) -> Lifeline | None:
     """Check that ``parent_pid`` is this process's parent, and fork the sidecar that watches it.
 
     Call it from the main thread before any other thread, event loop, listener or lock exists:
@@ -95,12 +96,26 @@ def start(parent_pid: int, leftover: Path | None, grace: float) -> Lifeline | No
     :param leftover: what the sidecar removes after killing the worker: its socket directory
         (removed with its content) or its bare socket file; ``None``: nothing.
     :param grace: seconds (≥ 0) the worker has to exit by itself once its parent is gone.
+    :param parent_pidfd: a pidfd on the parent, opened by whoever forked this process once it
+        had checked that it names the parent (the pool's template: the worker's parent is then
+        the template, and the one to watch is the pool); owned from here on.
     :returns: the lifeline, or ``None`` where pidfds or ``fork`` are unavailable (not Linux
         5.3+, or denied by a sandbox): the caller then relies on stdin alone.
     :raises ParentGone: the parent has already died (the worker was re-parented).
     """
+    if parent_pidfd is not None:
+        try:
+            gone = bool(select.select([parent_pidfd], [], [], 0)[0])  # readable: it exited
+        except (OSError, ValueError):
+            gone = None  # not a descriptor we were given: check by pid, below
+        if gone is not None:
+            if gone:
+                os.close(parent_pidfd)
+                raise ParentGone(parent_pid)
+            return _fork_sidecar(parent_pidfd, leftover, grace)
     # Opened first, checked second: if our parent is still our parent after the pidfd was
     # opened, the pidfd names it (a pid is only reused after its process is gone).
+    parent: int | None
     try:
         parent = os.pidfd_open(parent_pid)
     except ProcessLookupError:
@@ -113,6 +128,10 @@ def start(parent_pid: int, leftover: Path | None, grace: float) -> Lifeline | No
         raise ParentGone(parent_pid)
     if parent is None:
         return None
+    return _fork_sidecar(parent, leftover, grace)
+
+
+def _fork_sidecar(parent: int, leftover: Path | None, grace: float) -> Lifeline | None:
     try:
         worker = os.pidfd_open(os.getpid())
     except OSError:

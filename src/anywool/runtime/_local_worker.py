@@ -38,6 +38,7 @@ from anywool.metadata import WorkerMetadata
 from anywool.runtime import _auth, _lifespan, _output, _socket_dir
 from anywool.runtime._peer import PEER_GONE
 from anywool.runtime._server import STOP_TAIL
+from anywool.runtime._template import ForkedProcess, Template, TemplateUnavailable
 from anywool.runtime._worker import (
     MAX_CONCURRENCY,
     NAMESPACE_ENV,
@@ -201,7 +202,9 @@ class LocalWorker(SingleUse):
                                                     allow_zero=True)
         self._max_concurrency = None if max_concurrency is None else _validate.count(
             "max_concurrency", max_concurrency, upper=MAX_CONCURRENCY)
-        self._process: Process | None = None
+        self._process: Process | ForkedProcess | None = None
+        # Set by a WorkerPool: its warm template, which forks the worker (see _template).
+        self._template: Template | None = None
         self._stdout: BufferedByteReceiveStream | None = None  # after the address: notices
         self._metadata: WorkerMetadata | None = None
         self._home: Path | None = None
@@ -278,11 +281,13 @@ class LocalWorker(SingleUse):
             # unrecorded, so unreaped (asyncio kills it there but does not wait for it).
             # Creating it is local and bounded; the cancellation is taken at the next
             # checkpoint, below, where the process is killed and reaped.
-            process: Process | None = None
+            process: Process | ForkedProcess | None = None
             with anyio.CancelScope(shield=True):
-                process = await anyio.open_process(
-                    command, stdin=-1, stdout=-1, stderr=None, cwd=os.getcwd(), env=env,
-                    start_new_session=True)
+                process = await self._fork(command, env)
+                if process is None:
+                    process = await anyio.open_process(
+                        command, stdin=-1, stdout=-1, stderr=None, cwd=os.getcwd(), env=env,
+                        start_new_session=True)
         except OSError as exc:
             raise WorkerError("unstarted", f"could not start {command}: {exc}") from exc
         assert process is not None  # a shield is never cancelled: it swallows nothing
@@ -305,7 +310,20 @@ class LocalWorker(SingleUse):
             raise
         return self
 
-    async def _read_address(self, process: Process) -> str:
+    async def _fork(self, command: list[str], env: dict[str, str]) -> ForkedProcess | None:
+        """The worker forked from the pool's template, if there is one that can (``command``
+        is ``python -m anywool.worker ARGS``); ``None``: start it as a process of its own."""
+        template = self._template
+        if template is None or template.ended or template.backend != command[4]:
+            return None
+        try:
+            return await template.spawn(command[3:], env, os.getcwd())
+        except TemplateUnavailable as exc:
+            log.warning("the pool's template cannot fork workers (%s); starting them as "
+                        "processes of their own", exc)
+            return None
+
+    async def _read_address(self, process: Process | ForkedProcess) -> str:
         assert process.stdout is not None
         reader = self._stdout = BufferedByteReceiveStream(process.stdout)
         try:
@@ -434,7 +452,7 @@ class LocalWorker(SingleUse):
             log=log, forceful_timeout=_TERM_TIMEOUT + _KILL_TIMEOUT + 2.0,
         )
 
-    async def _kill(self, process: Process, *, term: bool = True) -> None:
+    async def _kill(self, process: Process | ForkedProcess, *, term: bool = True) -> None:
         """SIGTERM (unless ``term`` is false), then SIGKILL, until reaped; remove the socket."""
         try:
             for sig, timeout in ((signal.SIGTERM, _TERM_TIMEOUT), (signal.SIGKILL, _KILL_TIMEOUT)):
@@ -456,7 +474,7 @@ class LocalWorker(SingleUse):
                 await process.aclose()
             self._remove_socket()
 
-    async def _request_stop(self, process: Process, grace: float) -> None:
+    async def _request_stop(self, process: Process | ForkedProcess, grace: float) -> None:
         if process.stdin is None:
             return
         try:

@@ -51,6 +51,7 @@ from anywool.runtime._worker import MAX_CONCURRENCY
 from anywool.runtime._output import OutputLine
 from anywool.runtime._proxy import WorkerProxy
 from anywool.runtime._stats import WorkerStats
+from anywool.runtime._template import Template, TemplateUnavailable
 from anywool.runtime._resolve import expected_names, is_factory, resolved
 
 log = logging.getLogger(__name__)
@@ -304,6 +305,10 @@ class WorkerPool(SingleUse):
         self._stack: AsyncExitStack | None = None
         self._workers: list[LocalWorker] = []
         self._supervisors: anyio.abc.TaskGroup | None = None
+        self._template: Template | None = None  # the warm template workers are forked from
+        self._template_wanted = False
+        self._keeper: anyio.abc.TaskGroup | None = None  # runs the template
+        self._workers_stopped = anyio.Event()
         # Rolling restarts (recycle()): each running worker's "replace it" event, the events
         # recycle() waits on (set once that worker is gone), and why a replacement could not
         # start (the worker then stays).
@@ -503,6 +508,19 @@ class WorkerPool(SingleUse):
         stack.push_async_callback(self._begin_exit)
 
     async def _start_workers(self, stack: AsyncExitStack, count: int, tags: frozenset[str]) -> None:
+        backend = self._backend or current_backend()
+        # The warm template (see _template): its task group is entered before the supervisors,
+        # so exited after them (the template outlives the workers it forked).
+        keeper = self._keeper = await stack.enter_async_context(anyio.create_task_group())
+        stack.callback(keeper.cancel_scope.cancel)  # a warm-up under way is not waited for
+        stack.callback(self._workers_stopped.set)
+        # More workers than CPUs: forking them all from one warm interpreter beats starting as
+        # many interpreters side by side. Otherwise those start faster side by side than after
+        # a template, which is then started when the pool first starts a worker again (a
+        # replacement, a recycle): a pool that never does pays nothing for it.
+        if count > (os.cpu_count() or 1):
+            self._template_wanted = True
+            await keeper.start(self._keep_template, backend)
         supervisors = self._supervisors = anyio.create_task_group()
         await supervisors.__aenter__()
 
@@ -512,7 +530,6 @@ class WorkerPool(SingleUse):
             await exit_task_group(supervisors, cancel=False)  # they stop their workers
 
         stack.push_async_callback(stop_supervisors)
-        backend = self._backend or current_backend()
         failures: list[BaseException] = []
 
         async def start_one(starters: anyio.abc.TaskGroup) -> None:
@@ -528,6 +545,28 @@ class WorkerPool(SingleUse):
                 starters.start_soon(start_one, starters)
         if failures:
             raise failures[0]
+
+    def _want_template(self, backend: str) -> None:
+        """Start the warm template, once (the worker starting now does not wait for it)."""
+        if not self._template_wanted and self._keeper is not None:
+            self._template_wanted = True
+            self._keeper.start_soon(self._keep_template, backend)
+
+    async def _keep_template(self, backend: str, *,
+                             task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run the pool's warm template until its workers have stopped (started once it is
+        warm, or known unavailable: workers then start as processes of their own)."""
+        try:
+            async with Template(backend, self._startup_timeout) as template:
+                self._template = template
+                task_status.started()
+                try:
+                    await self._workers_stopped.wait()
+                finally:
+                    self._template = None
+        except TemplateUnavailable as exc:
+            log.info("no warm template (%s): workers start as processes of their own", exc)
+            task_status.started()
 
     # -- supervision ---------------------------------------------------------------------------
 
@@ -552,6 +591,9 @@ class WorkerPool(SingleUse):
                                  output_level=self._spawned_output_level(),
                                  lifespan=self._lifespan, max_calls=self._max_calls,
                                  max_memory=self._max_memory)
+            if started or replacing:
+                self._want_template(backend)
+            worker._template = self._template
             born = anyio.current_time()  # again once it is up
             try:
                 # The pool's exit (or a Ctrl-C) cancels a start under way: a worker's start

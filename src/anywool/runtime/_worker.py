@@ -97,6 +97,8 @@ RETIRING = "retiring "
 #: How often (seconds) a worker with a max_memory looks at its resident set.
 MEMORY_CHECK_INTERVAL = 0.1
 PARENT_PID_ENV = "ANYWOOL_WORKER_PARENT_PID"
+#: Set by the pool's template in the workers it forks (see :mod:`anywool.runtime._template`).
+PARENT_PIDFD_ENV = "ANYWOOL_WORKER_PARENT_PIDFD"
 UID_ENV = "ANYWOOL_WORKER_UID"
 NAMESPACE_ENV = "ANYWOOL_WORKER_NAMESPACE"
 IMPORT_ENV = "ANYWOOL_WORKER_IMPORT"
@@ -393,8 +395,12 @@ def _start_lifeline(address: Address | None, home: Path | None) -> _lifeline.Lif
         log.warning("ignoring malformed $%s %r", PARENT_PID_ENV, text)
         return None
     leftover = home if address is None else Path(address.path) if address.path else None
+    # Forked by the pool's template: the pool is our grandparent, and the template checked the
+    # pidfd on it we inherit (see _template).
+    pidfd_text = os.environ.pop(PARENT_PIDFD_ENV, None)
+    parent_pidfd = int(pidfd_text) if pidfd_text is not None and pidfd_text.isdigit() else None
     try:
-        return _lifeline.start(parent, leftover, _ORPHAN_GRACE)
+        return _lifeline.start(parent, leftover, _ORPHAN_GRACE, parent_pidfd)
     except _lifeline.ParentGone:
         raise SystemExit(_ORPHANED_EXIT_CODE) from None
 

@@ -1,0 +1,622 @@
+"""The warm template: a process a :class:`~anywool.WorkerPool` owns, from which it forks workers.
+
+A worker started as ``python -m anywool.worker`` pays for an interpreter and its imports
+(anyio, the backend, the worker's machinery: most of its start) every time; a pool that starts
+many, replaces them or recycles them pays it again and again. The template pays once: it
+starts as ``python -m anywool.runtime._template BACKEND``, imports what a worker on that
+backend runs, and then forks one child per request. The child becomes the worker
+(:func:`anywool.runtime._worker.main`) with the request's arguments, environment and working
+directory, in a session of its own: the worker ``python -m anywool.worker`` would have been,
+without the start-up.
+
+Forking is safe here because the template never starts a thread or an event loop (forking the
+pool's own process, with its threads and its loop, is not).
+
+Protocol. The template's stdin is one end of a Unix stream socket pair whose other end the
+pool holds. Frames both ways are a 4-byte big-endian length and a JSON object; descriptors
+travel with a frame as ``SCM_RIGHTS``, and the frame's ``"fds"`` says how many:
+
+* pool → template: ``{"argv": [...], "env": {...}, "cwd": "..."}`` with the worker's stdin
+  (a pipe's read end) and stdout (a pipe's write end);
+* template → pool: ``{"ready": pid}`` once warm; ``{"forked": pid}`` with a pidfd of the child,
+  or ``{"failed": why}``; ``{"exited": pid, "code": code}`` once it reaped a child (``code``
+  as :attr:`subprocess.Popen.returncode`: negative for a signal).
+
+Lifetimes. The pool kills the template once its workers have stopped; at end-of-file on its
+socket (the pool died) the template exits by itself. Its
+workers do not depend on it: their lifeline watches the pool through a pidfd the template
+opened on it and they inherit (:mod:`anywool.runtime._lifeline`), and their stdin is the
+pool's pipe, so a pool that dies takes them along. The pool signals them through their pidfds
+(never another process, whoever reaps them) and learns their exit codes from the template. A
+worker that outlives the template is seen to end on its pidfd; its code is then unknown
+(:data:`UNKNOWN_CODE`).
+
+Needs pidfds (Linux 5.3+); without them a pool starts its workers as processes of their own.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import importlib
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+
+if TYPE_CHECKING:
+    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+log = logging.getLogger(__name__)
+
+#: What the pool's end reports as the exit code of a worker that outlived the template (it
+#: ended, but nobody could tell how).
+UNKNOWN_CODE = 255
+#: The environment variable naming the descriptor of the pidfd on the pool a forked worker
+#: inherits (see :mod:`anywool.runtime._lifeline`); the worker's module says it too, so that
+#: a worker imports nothing of the template's.
+PARENT_PIDFD_ENV = "ANYWOOL_WORKER_PARENT_PIDFD"
+
+_LENGTH = struct.Struct(">I")
+# The most descriptors one frame carries (a request: 2; a reply: 1).
+_MAX_FDS = 4
+# A frame larger than this is a broken peer (a request holds an environment: well below it).
+_MAX_FRAME = 16 << 20
+# How long the pool waits for a fork (seconds): a template that takes longer is wedged.
+_SPAWN_TIMEOUT = 5.0
+
+# What a worker imports before it serves (the rest is imported by what its routines run).
+_PRELOAD = ("anywool.runtime._worker", "anywool.runtime._server", "anywool.runtime._callgroup",
+            "anyio.to_thread", "anyio.streams.memory", "anyio.abc")
+_PRELOAD_BACKEND = {
+    "asyncio": ("asyncio", "anyio._backends._asyncio", "anywool.runtime._asyncio_loop"),
+    "trio": ("trio", "anyio._backends._trio"),
+}
+
+
+def encode(message: Mapping[str, Any]) -> bytes:
+    body = json.dumps(message, separators=(",", ":")).encode()
+    return _LENGTH.pack(len(body)) + body
+
+
+class Frames:
+    """Frames and descriptors read from a stream socket, in order: bytes and descriptors are
+    queued as they come, and a frame takes as many descriptors as it says (they travel in
+    order, however ``recvmsg`` splits the bytes)."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._fds: list[int] = []
+
+    def feed(self, data: bytes, ancillary: Sequence[tuple[int, int, bytes]]) -> None:
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+                self._fds.extend(fds)
+        self._buffer += data
+
+    def next(self) -> tuple[dict[str, Any], list[int]] | None:
+        """The next whole frame and its descriptors, or ``None`` until more bytes come.
+
+        :raises ValueError: the peer sent something that is not a frame of this protocol.
+        """
+        if len(self._buffer) < _LENGTH.size:
+            return None
+        (length,) = _LENGTH.unpack_from(self._buffer)
+        if length > _MAX_FRAME:
+            raise ValueError(f"a frame of {length} bytes")
+        if len(self._buffer) < _LENGTH.size + length:
+            return None
+        body = bytes(self._buffer[_LENGTH.size:_LENGTH.size + length])
+        del self._buffer[:_LENGTH.size + length]
+        message = json.loads(body)
+        if not isinstance(message, dict):
+            raise ValueError(f"a frame holding {type(message).__name__}")
+        count = message.get("fds", 0)
+        if not isinstance(count, int) or not 0 <= count <= min(_MAX_FDS, len(self._fds)):
+            raise ValueError(f"a frame with {count!r} descriptors ({len(self._fds)} came)")
+        fds, self._fds[:count] = self._fds[:count], []
+        return message, fds
+
+    def close(self) -> None:
+        """Close the descriptors no frame took."""
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+
+
+def ancillary_space() -> int:
+    return socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize)
+
+
+def rights(fds: Sequence[int]) -> list[tuple[int, int, bytes]]:
+    return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
+
+
+# -- the pool's end ------------------------------------------------------------------------------
+
+
+class TemplateUnavailable(Exception):
+    """The template cannot fork a worker (it failed to start, or ended): start it directly."""
+
+
+class _PipeSend(anyio.abc.ByteSendStream):
+    """Our end of a worker's stdin (a pipe's write end, non-blocking)."""
+
+    def __init__(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self._fd: int | None = fd
+
+    async def send(self, item: bytes) -> None:
+        view = memoryview(item)
+        while view:
+            fd = self._fd
+            if fd is None:
+                raise anyio.ClosedResourceError
+            try:
+                view = view[os.write(fd, view):]
+            except BlockingIOError:
+                await anyio.wait_writable(fd)
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                raise anyio.BrokenResourceError from exc
+        await anyio.lowlevel.checkpoint_if_cancelled()
+
+    async def send_eof(self) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            anyio.notify_closing(fd)
+            os.close(fd)
+        await anyio.lowlevel.checkpoint()
+
+
+class _PipeReceive(anyio.abc.ByteReceiveStream):
+    """Our end of a worker's stdout (a pipe's read end, non-blocking)."""
+
+    def __init__(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self._fd: int | None = fd
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        while True:
+            fd = self._fd
+            if fd is None:
+                raise anyio.ClosedResourceError
+            try:
+                data = os.read(fd, max_bytes)
+            except BlockingIOError:
+                await anyio.wait_readable(fd)
+                continue
+            if not data:
+                raise anyio.EndOfStream
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            return data
+
+    async def aclose(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            anyio.notify_closing(fd)
+            os.close(fd)
+        await anyio.lowlevel.checkpoint()
+
+
+class ForkedProcess:
+    """A worker the template forked, as :class:`LocalWorker` uses an :class:`anyio.abc.Process`:
+    ``pid``, ``returncode``, ``stdin``, ``stdout``, :meth:`wait`, :meth:`send_signal`,
+    :meth:`aclose`. Signals go through a pidfd: never to another process, even once the
+    template has reaped this one."""
+
+    stderr = None
+
+    def __init__(self, pid: int, pidfd: int, stdin: int, stdout: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self.stdin = _PipeSend(stdin)
+        self.stdout = _PipeReceive(stdout)
+        self._pidfd: int | None = pidfd
+        self._ended = anyio.Event()
+
+    def _exited(self, code: int) -> None:
+        if self.returncode is None and self._pidfd is not None:
+            self.returncode = code
+            pidfd, self._pidfd = self._pidfd, None
+            if pidfd is not None:
+                os.close(pidfd)
+            self._ended.set()
+
+    async def _watch(self) -> None:
+        """Once the template is gone: wait for the end on the pidfd (the code is unknown)."""
+        pidfd = self._pidfd
+        if pidfd is not None:
+            try:
+                await anyio.wait_readable(pidfd)
+            except anyio.ClosedResourceError:
+                return  # ended meanwhile
+            self._exited(UNKNOWN_CODE)
+
+    async def wait(self) -> int:
+        await self._ended.wait()
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        """:raises ProcessLookupError: the process has ended."""
+        pidfd = self._pidfd
+        if pidfd is None:
+            raise ProcessLookupError(self.pid)
+        signal.pidfd_send_signal(pidfd, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.stdin.aclose()
+            await self.stdout.aclose()
+        await self.wait()
+
+
+class Template:
+    """The pool's template process (see the module's description), for ``async with``.
+
+    Entering starts it and waits until it is warm, within ``startup_timeout`` seconds;
+    :raises TemplateUnavailable: it could not start, or cannot fork here. Exiting kills it and
+    reaps it; workers still running are killed too (they are the pool's, and the pool has
+    stopped them by then). Cancelled, the exit still does all that, shielded and bounded.
+    """
+
+    def __init__(self, backend: str, startup_timeout: float) -> None:
+        self.backend = backend
+        self._startup_timeout = startup_timeout
+        self._socket: socket.socket | None = None
+        self._process: anyio.abc.Process | None = None
+        self._tasks: anyio.abc.TaskGroup | None = None
+        self._lock = anyio.Lock()
+        self._replies: tuple[MemoryObjectSendStream[dict[str, Any] | ForkedProcess],
+                             MemoryObjectReceiveStream[dict[str, Any] | ForkedProcess]] | None \
+            = None
+        # Our ends of the pipes of the fork under way: the reader gives them to its process.
+        self._pending: tuple[int, int] | None = None
+        self._live: dict[int, ForkedProcess] = {}
+        self.ended = False
+
+    async def __aenter__(self) -> Template:
+        if not (hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")):
+            raise TemplateUnavailable("no pidfds here")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with anyio.CancelScope(shield=True):  # recorded before a cancellation is taken
+                self._process = await anyio.open_process(
+                    [sys.executable, "-m", "anywool.runtime._template", self.backend],
+                    stdin=theirs.fileno(), stdout=None, stderr=None, cwd=os.getcwd(),
+                    start_new_session=True)
+        except OSError as exc:
+            ours.close()
+            raise TemplateUnavailable(f"could not start: {exc}") from exc
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        self._socket = ours
+        send, receive = anyio.create_memory_object_stream[dict[str, Any] | ForkedProcess](1)
+        self._replies = send, receive
+        tasks = self._tasks = anyio.create_task_group()
+        await tasks.__aenter__()
+        try:
+            tasks.start_soon(self._read)
+            with anyio.fail_after(self._startup_timeout):
+                message = await receive.receive()
+            if isinstance(message, ForkedProcess) or "ready" not in message:
+                raise TemplateUnavailable(str(message if isinstance(message, ForkedProcess)
+                                              else message.get("failed", message)))
+        except BaseException as exc:
+            await self._close()
+            if isinstance(exc, TimeoutError):
+                raise TemplateUnavailable(
+                    f"not warm within {self._startup_timeout} seconds") from None
+            if isinstance(exc, anyio.EndOfStream):
+                raise TemplateUnavailable("exited before it was warm") from None
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._close()
+
+    async def _close(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await self._end()
+        tasks, self._tasks = self._tasks, None
+        if tasks is not None:  # exited where it was entered: outside the shield
+            tasks.cancel_scope.cancel()
+            await tasks.__aexit__(None, None, None)
+        for child in list(self._live.values()):
+            child._exited(UNKNOWN_CODE)  # survived SIGKILL for 5 s: nobody will know more
+        self._live.clear()
+
+    async def _end(self) -> None:
+        """Close the socket, reap the template, kill and wait for what it leaves (bounded)."""
+        ours, self._socket = self._socket, None
+        if ours is not None:
+            anyio.notify_closing(ours)
+            ours.close()
+        process = self._process
+        if process is not None:
+            # Killed, not asked: it holds nothing to flush or remove (its workers, stopped by
+            # now, are reaped or watched on their pidfds), and an interpreter's orderly exit,
+            # or a warm-up that has not reached its loop, would only lengthen the pool's exit.
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+            with anyio.move_on_after(5.0):
+                await process.wait()
+            with anyio.move_on_after(1.0):
+                await process.aclose()
+        for child in list(self._live.values()):  # none, unless a stop failed: nothing outlives
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+        if self._live:
+            with anyio.move_on_after(5.0):
+                for child in list(self._live.values()):
+                    await child.wait()
+        if self._replies is not None:
+            for stream in self._replies:
+                stream.close()
+
+    async def _read(self) -> None:
+        """Route what the template says: a fork's reply to the request under way (the process
+        recorded here, before any later frame, its exit say, is read), exits to their processes.
+        At its end (it died, or was closed) the workers left are watched on their pidfds."""
+        frames = Frames()
+        assert self._replies is not None
+        replies = self._replies[0]
+        try:
+            while (ours := self._socket) is not None:
+                try:
+                    data, ancillary, _, _ = ours.recvmsg(1 << 16, ancillary_space())
+                except BlockingIOError:
+                    try:
+                        await anyio.wait_readable(ours)
+                    except anyio.ClosedResourceError:
+                        break  # closed by _close
+                    continue
+                except OSError:
+                    break
+                frames.feed(data, ancillary)
+                if not data:
+                    break
+                while (frame := frames.next()) is not None:
+                    message, fds = frame
+                    if "exited" in message:
+                        child = self._live.pop(message["exited"], None)
+                        if child is not None:
+                            child._exited(int(message["code"]))
+                        continue
+                    reply: dict[str, Any] | ForkedProcess = message
+                    pending, self._pending = self._pending, None
+                    if "forked" in message and len(fds) == 1 and pending is not None:
+                        reply = ForkedProcess(int(message["forked"]), fds[0], *pending)
+                        self._live[reply.pid] = reply
+                    else:
+                        for fd in fds:
+                            os.close(fd)
+                        if pending is not None:
+                            self._pending = pending  # still the spawner's to close
+                    await replies.send(reply)
+        except (ValueError, TypeError, KeyError) as exc:
+            log.error("the pool's template said something that is not its protocol: %r", exc)
+        finally:
+            frames.close()
+            self.ended = True
+            replies.close()
+            if self._tasks is not None:
+                for child in self._live.values():
+                    self._tasks.start_soon(child._watch)
+
+    async def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: str
+                    ) -> ForkedProcess:
+        """Fork a worker running ``python -m anywool.worker`` ``argv``, with ``env`` and ``cwd``.
+
+        Call it shielded (a process forked but not recorded would be nobody's); bounded by 5 s.
+
+        :raises TemplateUnavailable: the template has ended, or did not fork.
+        """
+        if self.ended or self._socket is None or self._replies is None:
+            raise TemplateUnavailable("it has ended")
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        try:
+            with anyio.fail_after(_SPAWN_TIMEOUT):
+                async with self._lock:
+                    self._pending = (stdin_w, stdout_r)
+                    await self._send({"argv": list(argv), "env": dict(env), "cwd": cwd, "fds": 2},
+                                     [stdin_r, stdout_w])
+                    try:
+                        reply = await self._replies[1].receive()
+                    except anyio.EndOfStream:
+                        raise TemplateUnavailable("it has ended") from None
+            if isinstance(reply, ForkedProcess):
+                return reply
+            raise TemplateUnavailable(str(reply.get("failed", reply)))
+        except TimeoutError:
+            self.ended = True  # wedged: no more requests
+            raise TemplateUnavailable(f"no answer within {_SPAWN_TIMEOUT} seconds") from None
+        finally:
+            os.close(stdin_r)
+            os.close(stdout_w)
+            pending, self._pending = self._pending, None
+            for fd in pending or ():  # not taken by a process
+                os.close(fd)
+
+    async def _send(self, message: dict[str, Any], fds: Sequence[int]) -> None:
+        ours = self._socket
+        if ours is None:
+            raise TemplateUnavailable("it has ended")
+        data = memoryview(encode(message))
+        ancillary = rights(fds)
+        while data:
+            try:
+                sent = ours.sendmsg([data], ancillary)
+            except BlockingIOError:
+                await anyio.wait_writable(ours)
+                continue
+            except OSError as exc:
+                self.ended = True
+                raise TemplateUnavailable(f"it has ended: {exc}") from None
+            data, ancillary = data[sent:], []
+
+
+# -- the template process -----------------------------------------------------------------------
+
+
+def _send(control: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
+    data = encode({**message, "fds": len(fds)} if fds else message)
+    sent = control.sendmsg([data], rights(fds))
+    if sent < len(data):
+        control.sendall(data[sent:])
+
+
+def _serve(backend: str) -> list[str] | None:
+    """The template's life; returns ``None`` at end-of-file from the pool. In a forked child it
+    returns the worker's arguments instead, having made the child what a worker expects to be
+    (the template's descriptors closed on the way out)."""
+    failure = None
+    try:
+        for name in (*_PRELOAD, *_PRELOAD_BACKEND[backend]):
+            importlib.import_module(name)
+    except BaseException as exc:  # said to the pool, which then starts workers by themselves
+        failure = f"cannot import what a worker runs: {exc!r}"
+    control = socket.socket(fileno=os.dup(0))
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    # Opened first, checked second: if the pool is still our parent once the pidfd is open, the
+    # pidfd names it. Workers inherit it (it is how they know the pool, see _lifeline).
+    pool_pid = os.getppid()
+    try:
+        pool = os.pidfd_open(pool_pid)
+    except OSError as exc:
+        failure = failure or f"no pidfd on the pool: {exc!r}"
+        pool = -1
+    if pool >= 0 and os.getppid() != pool_pid:
+        return None  # the pool is gone already
+    if failure is not None:
+        _send(control, {"failed": failure})
+        return None
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # only to write the wake-up byte
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the pool decides when its template ends
+    frames = Frames()
+    live: set[int] = set()
+    _send(control, {"ready": os.getpid()})
+    try:
+        while True:
+            readable, _, _ = select.select([control, wake_r], [], [])
+            if wake_r in readable:
+                while True:
+                    try:
+                        if not os.read(wake_r, 512):
+                            break
+                    except BlockingIOError:
+                        break
+                _reap(control, live)
+            if control in readable:
+                data, ancillary, _, _ = control.recvmsg(1 << 16, ancillary_space())
+                frames.feed(data, ancillary)
+                if not data:
+                    return None
+                while (frame := frames.next()) is not None:
+                    request, fds = frame
+                    try:
+                        pid = os.fork()
+                    except OSError as exc:
+                        _send(control, {"failed": f"fork: {exc}"})
+                    else:
+                        if pid == 0:
+                            return _child(request, fds, (control, wake_r, wake_w), pool)
+                        live.add(pid)
+                        pidfd = os.pidfd_open(pid)  # unreaped till _reap: it names the child
+                        _send(control, {"forked": pid}, [pidfd])
+                        os.close(pidfd)
+                    finally:
+                        for fd in fds:
+                            os.close(fd)
+    except (BrokenPipeError, ConnectionResetError):
+        return None  # the pool is gone
+    finally:
+        frames.close()
+
+
+def _reap(control: socket.socket, live: set[int]) -> None:
+    while live:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            live.clear()
+            return
+        if pid == 0:
+            return
+        live.discard(pid)
+        _send(control, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _child(request: dict[str, Any], fds: list[int], close: tuple[Any, ...], pool: int
+           ) -> list[str]:
+    """In the forked child: become what ``python -m anywool.worker`` starts as; the worker's
+    arguments. ``fds`` are left to the caller to close, once duplicated onto stdin and stdout.
+    Anything failing here ends the child, code 70."""
+    try:
+        os.setsid()  # as LocalWorker's start_new_session: a terminal's Ctrl-C is the pool's
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        stdin, stdout = fds
+        os.dup2(stdin, 0)
+        os.dup2(stdout, 1)
+        control, wake_r, wake_w = close
+        control.close()
+        os.close(wake_r)
+        os.close(wake_w)
+        env = request["env"]
+        os.environ.clear()
+        os.environ.update(env)
+        os.environ[PARENT_PIDFD_ENV] = str(pool)
+        os.chdir(request["cwd"])
+        return [str(arg) for arg in request["argv"]]
+    except BaseException as exc:
+        os.write(2, f"anywool template child [{os.getpid()}]: {exc!r}\n".encode())
+        os._exit(70)
+
+
+def main() -> None:
+    """Entry point of ``python -m anywool.runtime._template BACKEND``."""
+    backend = sys.argv[1] if len(sys.argv) == 2 else ""
+    if backend not in _PRELOAD_BACKEND:
+        sys.exit(f"usage: python -m anywool.runtime._template {{asyncio|trio}}, got {sys.argv[1:]}")
+    argv = _serve(backend)
+    if argv is not None:  # a forked child
+        sys.argv = ["anywool.worker", *argv]
+        from anywool.runtime._worker import main as worker_main
+
+        worker_main(argv)
+
+
+if __name__ == "__main__":
+    main()
