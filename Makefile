@@ -35,6 +35,7 @@ bench: $(VENV)/.bench-installed
 	$(BIN)/python benchmarks/peers.py --json $(BENCH_JSON)/peers.json $(ARGS)
 	$(BIN)/python benchmarks/workloads.py --json $(BENCH_JSON)/workloads.json $(ARGS)
 	$(BIN)/python benchmarks/run.py --json $(BENCH_JSON)/run.json $(ARGS)
+	$(BIN)/python benchmarks/lifecycle.py --json $(BENCH_JSON)/lifecycle.json $(ARGS)
 	$(BIN)/python benchmarks/observability.py --json $(BENCH_JSON)/observability.json $(ARGS)
 	$(BIN)/python benchmarks/discovery.py --json $(BENCH_JSON)/discovery.json $(ARGS)
 	$(BIN)/python benchmarks/lan.py --json $(BENCH_JSON)/lan.json

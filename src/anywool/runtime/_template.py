@@ -76,8 +76,9 @@ _MAX_FRAME = 16 << 20
 _SPAWN_TIMEOUT = 5.0
 
 # What a worker imports before it serves (the rest is imported by what its routines run).
+# (shutil: argparse's help formatter imports it, for the terminal's size.)
 _PRELOAD = ("anywool.runtime._worker", "anywool.runtime._server", "anywool.runtime._callgroup",
-            "anyio.to_thread", "anyio.streams.memory", "anyio.abc")
+            "anyio.to_thread", "anyio.streams.memory", "anyio.abc", "shutil")
 _PRELOAD_BACKEND = {
     "asyncio": ("asyncio", "anyio._backends._asyncio", "anywool.runtime._asyncio_loop"),
     "trio": ("trio", "anyio._backends._trio"),

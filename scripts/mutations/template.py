@@ -1,0 +1,80 @@
+"""Mutations of the pool's warm template (issue 24, item 5): workers forked from it for large
+pools and for every worker started after the pool's start; exit codes and deaths seen; nothing
+outlives the pool."""
+
+from mutate import Mutation
+
+_POOL = "src/anywool/runtime/_pool.py"
+_TEMPLATE = "src/anywool/runtime/_template.py"
+_TESTS = "tests/integration/test_template.py"
+
+MUTATIONS: list[Mutation] = [
+    Mutation(
+        name="template-never-warmed-after-the-start",
+        path=_POOL,
+        old="""        if not self._template_wanted and self._keeper is not None:""",
+        new="""        if False:""",
+        tests=(f"{_TESTS}::test_workers_started_after_the_pool_are_forked_from_its_template",),
+        why="issue 24: replacements and recycling fork from the warm template",
+    ),
+    Mutation(
+        name="template-first-only-well-above-the-cpus",
+        path=_POOL,
+        old="""        if count > (os.cpu_count() or 1):""",
+        new="""        if count > (os.cpu_count() or 1) + 1:""",
+        tests=(f"{_TESTS}::test_a_pool_larger_than_the_cpus_forks_all_its_workers",),
+        why="issue 24: a pool larger than the CPUs forks all its workers",
+    ),
+    Mutation(
+        name="template-first-up-to-the-cpus",
+        path=_POOL,
+        old="""        if count > (os.cpu_count() or 1):""",
+        new="""        if count >= (os.cpu_count() or 1):""",
+        tests=(f"{_TESTS}::test_a_pool_as_large_as_the_cpus_starts_its_workers_itself",),
+        why="up to the CPUs, workers start side by side, faster than after a template",
+    ),
+    Mutation(
+        name="template-exit-code-lost",
+        path=_TEMPLATE,
+        old="""                            child._exited(int(message["code"]))""",
+        new="""                            child._exited(0)""",
+        tests=(f"{_TESTS}::test_a_forked_worker_exit_code_comes_from_the_template",
+               f"{_TESTS}::test_a_forked_worker_that_exits_is_replaced_and_its_code_said"),
+        why="a forked worker's exit code is the one it exited with",
+    ),
+    Mutation(
+        name="template-dead-workers-never-seen-to-end",
+        path=_TEMPLATE,
+        old="""                for child in self._live.values():
+                    self._tasks.start_soon(child._watch)""",
+        new="""                pass""",
+        tests=(f"{_TESTS}::test_a_dead_template_costs_only_speed",),
+        why="a worker that outlives the template is still seen to end, and replaced",
+    ),
+    Mutation(
+        name="template-outlives-a-killed-pool",
+        path=_TEMPLATE,
+        old="""                if not data:
+                    return None
+""",
+        new="""                if not data:
+                    select.select([], [], [], 40)
+                    return None
+""",
+        tests=(f"{_TESTS}::test_forked_workers_end_with_their_pool_killed",),
+        why="issue 24: nothing outlives the pool",
+    ),
+    Mutation(
+        name="template-left-running-after-the-pool",
+        path=_TEMPLATE,
+        old="""            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+            with anyio.move_on_after(5.0):""",
+        new="""            if process.returncode is None:
+                pass
+            with anyio.move_on_after(0.0):""",
+        tests=(f"{_TESTS}::test_workers_started_after_the_pool_are_forked_from_its_template",),
+        why="the template is reaped at the pool's exit",
+    ),
+]
