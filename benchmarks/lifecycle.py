@@ -5,7 +5,8 @@ what an AnyIO or trio user would otherwise use.
                                              [--json PATH]
 
 Every figure is taken in a fresh child process (this script, re-invoked), rounds interleaved
-over every configuration; the median over ``--repeat`` rounds is reported. Measurement only:
+over every configuration, each round in its own shuffled order; the median over ``--repeat``
+rounds is reported. Measurement only:
 nothing is asserted.
 
 * **start N** (N = 2, and 4 × the CPUs): from a fresh ``anyio.run`` until N concurrent first
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -222,8 +224,10 @@ def main() -> int:
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # workers start from bytecode, as installed
     runs: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     loads = []
-    for _ in range(options.repeat):
-        for key in _plan(backends):
+    for round_ in range(options.repeat):
+        plan = _plan(backends)
+        random.Random(round_).shuffle(plan)  # no configuration always after the same one
+        for key in plan:
             loads.append(os.getloadavg()[0])
             done = subprocess.run([sys.executable, __file__, "--child", *key], env=env,
                                   capture_output=True, text=True, timeout=600)

@@ -16,7 +16,14 @@ import pytest
 
 from anywool import LocalDiscovery, WorkerPool, routine
 from anywool.runtime._local_worker import LocalWorker, current_backend
-from anywool.runtime._template import UNKNOWN_CODE, Frames, Template, encode, rights
+from anywool.runtime._template import (
+    UNKNOWN_CODE,
+    Frames,
+    Template,
+    TemplateUnavailable,
+    encode,
+    rights,
+)
 
 from ..helpers import wait_until
 from . import children
@@ -218,3 +225,19 @@ def test_the_template_refuses_an_unknown_backend() -> None:
                             capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     assert result.returncode != 0
     assert "asyncio|trio" in result.stderr
+
+
+async def test_a_pool_whose_template_cannot_start_starts_its_workers_itself(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    async def unavailable(self: Template) -> Template:
+        raise TemplateUnavailable("no pidfds here")
+
+    monkeypatch.setattr(Template, "__aenter__", unavailable)
+    caplog.set_level("INFO", logger="anywool.runtime._pool")
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=CPUS + 1) as pool:
+            assert pool._template is None
+            assert [psutil.Process(w.pid).ppid() for w in pool.workers] == \
+                [os.getpid()] * (CPUS + 1)
+            assert len(await _serve_all(pool)) == CPUS + 1
+    assert "no warm template (no pidfds here)" in caplog.text

@@ -300,12 +300,17 @@ class Template:
     async def __aenter__(self) -> Template:
         if not (hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")):
             raise TemplateUnavailable("no pidfds here")
+        # As LocalWorker starts a worker: this anywool importable, whatever sys.path says.
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+            __file__))))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with anyio.CancelScope(shield=True):  # recorded before a cancellation is taken
                 self._process = await anyio.open_process(
                     [sys.executable, "-m", "anywool.runtime._template", self.backend],
-                    stdin=theirs.fileno(), stdout=None, stderr=None, cwd=os.getcwd(),
+                    stdin=theirs.fileno(), stdout=None, stderr=None, cwd=os.getcwd(), env=env,
                     start_new_session=True)
         except OSError as exc:
             ours.close()
