@@ -754,7 +754,8 @@ class WorkerPool(SingleUse):
             log.info("worker pid %s %s; replacing it", worker.pid, reason)
             replacement, failure = await self._start_replacement(backend, tags,
                                                                  give_up=not recycling)
-        if replacement is None and recycling and not (self._stopping.is_set() or self._exiting):
+        if (replace and replacement is None and recycling
+                and not (self._stopping.is_set() or self._exiting)):
             uid = worker.metadata.uid
             self._recycle_failures[uid] = failure
             done = self._recycled.pop(uid, None)
