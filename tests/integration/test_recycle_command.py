@@ -4,6 +4,7 @@ is. Real hosts, a real borrower calling all along, both backends."""
 
 from __future__ import annotations
 
+import hmac
 import os
 import re
 import secrets
@@ -11,11 +12,15 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import anyio
 import pytest
 
 from anywool.discovery.local import LocalDiscovery
+from anywool.errors import AuthenticationError
+from anywool.runtime import _auth
+from anywool.runtime._connection import WorkerConnection
 from anywool.runtime._local_worker import LocalWorker
 from anywool.runtime._pool import POOL_EXTRA, WorkerPool
 
@@ -122,7 +127,8 @@ async def test_hosts_are_recycled_one_after_the_other(namespace: str) -> None:
 
 
 async def test_a_wrong_secret_is_refused_and_nothing_is_recycled(
-        namespace: str, tmp_path: Path, anyio_backend: str) -> None:
+        namespace: str, tmp_path: Path, anyio_backend: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     secret = secrets.token_hex(16)
     path = tmp_path / "secret"
     path.write_text(secret)
@@ -135,6 +141,19 @@ async def test_a_wrong_secret_is_refused_and_nothing_is_recycled(
             wrong = await anywool_recycle(namespace, "--timeout", "10",
                                           secret=secrets.token_hex(16))
             none = await anywool_recycle(namespace, "--timeout", "10")
+            # Nor does a client that skips checking the worker's proof get anywhere: the
+            # worker checks ours first, and reads no request before.
+            [address] = [line.split()[1] for line in lines]
+            fake_hmac = SimpleNamespace(**{name: getattr(hmac, name) for name in dir(hmac)
+                                           if not name.startswith("__")})
+            fake_hmac.compare_digest = lambda a, b: True
+            with monkeypatch.context() as patched:
+                patched.setattr(_auth, "hmac", fake_hmac)
+                with pytest.raises(AuthenticationError) as refused:
+                    async with WorkerConnection(address, credentials=_auth.Credentials.resolve(
+                            secrets.token_hex(16), None)) as connection:
+                        await connection.recycle(5)
+            assert "the worker rejected our credentials" in str(refused.value)
             async with WorkerPool(discovery=LocalDiscovery.Subscriber(namespace),
                                   secret=secret):
                 assert await whoami() == pids_of(lines).pop()  # the same worker serves
@@ -147,7 +166,7 @@ async def test_a_wrong_secret_is_refused_and_nothing_is_recycled(
     assert wrong.returncode == 1 and b"recycling its" not in wrong.stdout
     error = wrong.stderr.decode()
     assert re.search(r"host [0-9a-f]{8}: 127\.0\.0\.1:\d+ \(pid \d+\) refused our "
-                     r"credentials: ", error), error
+                     r"credentials: the worker rejected our credentials", error), error
     assert none.returncode == 1 and "we have no credentials" in none.stderr.decode()
 
 
