@@ -30,12 +30,12 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="recycling-stopped-before-its-replacement",
         path=_POOL,
-        old="""            replacement, failure = await self._start_replacement(backend, tags,
-                                                                 give_up=not recycling)""",
-        new="""            await self._announce(worker, "worker-dropped")
-            await worker.stop(self._shutdown_timeout)
-            replacement, failure = await self._start_replacement(backend, tags,
-                                                                 give_up=not recycling)""",
+        old="""                replacement, failure = await self._start_replacement(backend, tags,
+                                                                     give_up=not recycling)""",
+        new="""                await self._announce(worker, "worker-dropped")
+                await worker.stop(self._shutdown_timeout)
+                replacement, failure = await self._start_replacement(backend, tags,
+                                                                     give_up=not recycling)""",
         tests=(f"{_TESTS}::test_a_worker_leaking_past_max_memory_is_replaced_while_its_call_runs",),
         why="issue 24: a retiring worker is replaced before it leaves",
     ),
@@ -98,10 +98,10 @@ MUTATIONS += [
     Mutation(
         name="recycle-stops-before-the-replacement-is-connected",
         path=_POOL,
-        old="""        if replacement is not None:
-            await self._until_proxy_has(replacement)""",
-        new="""        if False:
-            await self._until_proxy_has(replacement)""",
+        old="""                if replacement is not None:
+                    await self._until_proxy_has(replacement)""",
+        new="""                if False:
+                    await self._until_proxy_has(replacement)""",
         tests=(f"{_TESTS}::test_recycle_replaces_every_worker_while_calls_flow",),
         why="issue 24: each replacement ready before the old one stops taking calls",
     ),

@@ -746,14 +746,21 @@ class WorkerPool(SingleUse):
         when no replacement starts (its slot is given up); one that ``recycling`` replaces
         stays when none starts (the reason is kept for :meth:`recycle`). Without ``replace``
         (an idle worker, its slot closed already), it is withdrawn and stopped alone."""
+        replacement: LocalWorker | None = None
+        failure: BaseException | str = ""
         if not replace:
             log.info("worker pid %s was idle for %s s; retiring it (%d workers left)",
                      worker.pid, self._idle_timeout, self._slots)
-            replacement, failure = None, ""
         else:
             log.info("worker pid %s %s; replacing it", worker.pid, reason)
-            replacement, failure = await self._start_replacement(backend, tags,
-                                                                 give_up=not recycling)
+            async with anyio.create_task_group() as notices:
+                # It still answers requests meanwhile: a recycle request is passed on.
+                notices.start_soon(self._pass_on_recycle_requests, worker)
+                replacement, failure = await self._start_replacement(backend, tags,
+                                                                     give_up=not recycling)
+                if replacement is not None:
+                    await self._until_proxy_has(replacement)
+                notices.cancel_scope.cancel()
         if (replace and replacement is None and recycling
                 and not (self._stopping.is_set() or self._exiting)):
             uid = worker.metadata.uid
@@ -762,8 +769,6 @@ class WorkerPool(SingleUse):
             if done is not None:
                 done.set()
             return False
-        if replacement is not None:
-            await self._until_proxy_has(replacement)
         await self._announce(worker, "worker-dropped")
         self._own.discard(worker.metadata.uid)
         self._own_changed()
@@ -779,6 +784,13 @@ class WorkerPool(SingleUse):
                 tg.cancel_scope.cancel()
         await worker.stop(self._shutdown_budget.left)
         return True
+
+    async def _pass_on_recycle_requests(self, worker: LocalWorker) -> None:
+        """Read ``worker``'s notices (until it ends, or this is cancelled), passing on its
+        recycle requests; the others are moot once it is being replaced."""
+        while (said := await worker.notice()) is not None:
+            if said == NOTICE_RECYCLE and not (self._stopping.is_set() or self._exiting):
+                self._recycle_wanted.set()
 
     async def _until_proxy_has(self, worker: LocalWorker) -> None:
         """Wait (within ``startup_timeout``) until this pool's proxy is connected to

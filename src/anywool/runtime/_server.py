@@ -806,6 +806,8 @@ class Server:
             return "not run by a pool: nobody would replace this worker"
         if self.stop.draining or self.stop.requested.is_set():
             return "the worker is stopping"
+        if self.retiring is not None:
+            return f"the worker is retiring ({self.retiring}): ask another of its pool"
         return None
 
     async def _answer_recycle(self, frames: FrameStream, request_id: int) -> None:
