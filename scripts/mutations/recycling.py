@@ -210,8 +210,10 @@ MUTATIONS += [
     Mutation(
         name="idle-retires-below-min-workers",
         path=_POOL,
-        old="""                        if self._slots > self._min_workers:""",
-        new="""                        if self._slots >= self._min_workers:""",
+        old="""                        if (self._slots > self._min_workers
+                                and self._running_besides(worker) >= self._min_workers):""",
+        new="""                        if (self._slots >= self._min_workers
+                                and self._running_besides(worker) >= self._min_workers - 1):""",
         tests=(f"{_IDLE_TESTS}::test_idle_workers_retire_down_to_min_workers_and_calls_grow_the_pool_back",
                f"{_IDLE_TESTS}::test_min_workers_equal_to_spawn_retires_nothing"),
         why="issue 24: idleness never leaves fewer than min_workers",

@@ -371,7 +371,8 @@ class WorkerPool(SingleUse):
         self._exiting = False
         self._announcing: set[anyio.CancelScope] = set()
         self._stopping = anyio.Event()
-        self._slots = 0  # worker slots that have not been given up
+        # Worker slots that have not been given up (nor closed by idleness: see idle_timeout).
+        self._slots = 0
         self._ended: set[UUID] = set()  # workers this pool killed itself (see _end_stuck)
         self._starting: set[anyio.CancelScope] = set()  # around each worker start under way
         self._given_up: str | None = None  # why every slot was, once they all were
@@ -870,7 +871,8 @@ class WorkerPool(SingleUse):
                         log.info("worker pid %s passed on a recycle request", worker.pid)
                         self._recycle_wanted.set()
                     elif said == NOTICE_IDLE and self._idle_timeout is not None:
-                        if self._slots > self._min_workers:
+                        if (self._slots > self._min_workers
+                                and self._running_besides(worker) >= self._min_workers):
                             self._slots -= 1  # now: the next idle worker sees one fewer
                             retiring = _IDLE
                             tg.cancel_scope.cancel()
@@ -895,6 +897,12 @@ class WorkerPool(SingleUse):
         return code, None if code is not None else retiring
 
     # -- idleness and growth back (idle_timeout) ------------------------------------------------
+
+    def _running_besides(self, worker: LocalWorker) -> int:
+        """How many other spawned workers are up and not withdrawn (a slot whose worker is
+        being restarted after a crash has none)."""
+        return sum(1 for other in self._workers
+                   if other is not worker and other.metadata.uid in self._own)
 
     def _arm(self) -> None:
         """While the pool runs fewer than its spawn of workers, ask each running worker not
