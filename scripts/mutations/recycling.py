@@ -30,10 +30,12 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="recycling-stopped-before-its-replacement",
         path=_POOL,
-        old="""        replacement, failure = await self._start_replacement(backend, tags, give_up=not recycling)""",
-        new="""        await self._announce(worker, "worker-dropped")
-        await worker.stop(self._shutdown_timeout)
-        replacement, failure = await self._start_replacement(backend, tags, give_up=not recycling)""",
+        old="""                replacement, failure = await self._start_replacement(backend, tags,
+                                                                     give_up=not recycling)""",
+        new="""                await self._announce(worker, "worker-dropped")
+                await worker.stop(self._shutdown_timeout)
+                replacement, failure = await self._start_replacement(backend, tags,
+                                                                     give_up=not recycling)""",
         tests=(f"{_TESTS}::test_a_worker_leaking_past_max_memory_is_replaced_while_its_call_runs",),
         why="issue 24: a retiring worker is replaced before it leaves",
     ),
@@ -96,10 +98,10 @@ MUTATIONS += [
     Mutation(
         name="recycle-stops-before-the-replacement-is-connected",
         path=_POOL,
-        old="""        if replacement is not None:
-            await self._until_proxy_has(replacement)""",
-        new="""        if False:
-            await self._until_proxy_has(replacement)""",
+        old="""                if replacement is not None:
+                    await self._until_proxy_has(replacement)""",
+        new="""                if False:
+                    await self._until_proxy_has(replacement)""",
         tests=(f"{_TESTS}::test_recycle_replaces_every_worker_while_calls_flow",),
         why="issue 24: each replacement ready before the old one stops taking calls",
     ),
@@ -127,10 +129,10 @@ MUTATIONS += [
     Mutation(
         name="sighup-not-recycling",
         path="src/anywool/cli/_worker_command.py",
-        old="""            await pool.recycle()
-        except Exception as exc:""",
-        new="""            pass
-        except Exception as exc:""",
+        old="""        await pool.recycle()
+    except Exception as exc:""",
+        new="""        pass
+    except Exception as exc:""",
         tests=("tests/integration/test_worker_command.py::test_sighup_recycles_the_hosted_workers",),
         why="issue 24: a host recycles its workers from outside (SIGHUP)",
     ),
@@ -154,5 +156,92 @@ MUTATIONS += [
                                                            lower=0, upper=MAX_MAX_CALLS)""",
         tests=(f"{_TESTS}::test_bad_recycling_bounds_are_refused_at_construction",),
         why="max_calls is at least 1",
+    ),
+]
+
+# -- anywool recycle NS, idle workers (issue 24, the rest) -------------------------------------
+
+_COMMAND = "src/anywool/cli/_recycle_command.py"
+_RECYCLE_TESTS = "tests/integration/test_recycle_command.py"
+_IDLE_TESTS = "tests/integration/test_idle.py"
+
+MUTATIONS += [
+    Mutation(
+        name="recycle-request-recycles-nothing",
+        path=_POOL,
+        old="""                        self._recycle_wanted.set()""",
+        new="""                        pass""",
+        tests=(f"{_RECYCLE_TESTS}::test_recycle_replaces_every_hosted_worker_while_calls_go_on",),
+        why="issue 24: anywool recycle NS replaces every worker of the host it asks",
+    ),
+    Mutation(
+        name="recycle-request-secret-not-checked",
+        path="src/anywool/runtime/_auth.py",
+        old="    if not hmac.compare_digest(their_proof, expected):\n        with anyio",
+        new="    if False:\n        with anyio",
+        tests=(f"{_RECYCLE_TESTS}::test_a_wrong_secret_is_refused_and_nothing_is_recycled",),
+        why="issue 24: a recycle request with a wrong secret fails, and nothing is recycled",
+    ),
+    Mutation(
+        name="recycle-request-accepted-without-a-pool",
+        path=_SERVER,
+        old="""        if not self.supervised or self._notify is None:""",
+        new="""        if self._notify is None:""",
+        tests=(f"{_RECYCLE_TESTS}::test_a_worker_no_pool_runs_refuses",),
+        why="issue 24: a worker no pool supervises refuses a recycle request (nobody would act)",
+    ),
+    Mutation(
+        name="recycle-hosts-not-one-at-a-time",
+        path=_COMMAND,
+        old="""    for host in found:
+        failure = await _ask(host, credentials, connect_timeout)
+        if failure is not None:
+            return failure
+        failure = await _until_replaced(source, host, timeout)""",
+        new="""    for host in found:
+        failure = await _ask(host, credentials, connect_timeout)
+        if failure is not None:
+            return failure
+    for host in found:
+        failure = await _until_replaced(source, host, timeout)""",
+        tests=(f"{_RECYCLE_TESTS}::test_hosts_are_recycled_one_after_the_other",),
+        why="issue 24: one host at a time, the next asked once the previous is done",
+    ),
+    Mutation(
+        name="idle-retires-below-min-workers",
+        path=_POOL,
+        old="""                        if (self._slots > self._min_workers
+                                and self._running_besides(worker) >= self._min_workers):""",
+        new="""                        if (self._slots >= self._min_workers
+                                and self._running_besides(worker) >= self._min_workers - 1):""",
+        tests=(f"{_IDLE_TESTS}::test_idle_workers_retire_down_to_min_workers_and_calls_grow_the_pool_back",
+               f"{_IDLE_TESTS}::test_min_workers_equal_to_spawn_retires_nothing"),
+        why="issue 24: idleness never leaves fewer than min_workers",
+    ),
+    Mutation(
+        name="idle-retired-worker-replaced",
+        path=_POOL,
+        old="""                                                          replace=retiring != _IDLE):""",
+        new="""                                                          replace=True):""",
+        tests=(f"{_IDLE_TESTS}::test_idle_workers_retire_down_to_min_workers_and_calls_grow_the_pool_back",),
+        why="issue 24: an idle worker is retired, not replaced",
+    ),
+    Mutation(
+        name="idle-pool-never-grows-back",
+        path=_POOL,
+        old="""                        self._armed.discard(worker.metadata.uid)
+                        self._grow()""",
+        new="""                        self._armed.discard(worker.metadata.uid)""",
+        tests=(f"{_IDLE_TESTS}::test_idle_workers_retire_down_to_min_workers_and_calls_grow_the_pool_back",),
+        why="issue 24: calls coming again grow the pool back to spawn",
+    ),
+    Mutation(
+        name="idle-counts-only-the-pools-own-calls",
+        path=_SERVER,
+        old="""            self.quiet_since = time.perf_counter()
+            self.busy += self.quiet_since - self.busy_since""",
+        new="""            self.busy += time.perf_counter() - self.busy_since""",
+        tests=(f"{_IDLE_TESTS}::test_idle_retirement_counts_other_callers_calls",),
+        why="issue 24: idleness counts every call the worker runs",
     ),
 ]

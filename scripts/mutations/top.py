@@ -62,7 +62,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="top-busy-stretch-not-accumulated",
         path=SERVER,
-        old="self.busy += time.perf_counter() - self.busy_since",
+        old="self.busy += self.quiet_since - self.busy_since",
         new="self.busy += 0.0",
         tests=(COUNTS,),
         why="README: busy_seconds keeps the time of the calls that ended",
@@ -97,9 +97,9 @@ MUTATIONS: list[Mutation] = [
         name="top-connection-stats-timeout-unbounded",
         path="src/anywool/runtime/_connection.py",
         old="            with anyio.fail_after(timeout):\n                try:\n"
-            "                    await frames.send(Frame(Kind.STATS",
+            "                    await frames.send(Frame(kind, request_id))",
         new="            with anyio.fail_after(timeout + 5):\n                try:\n"
-            "                    await frames.send(Frame(Kind.STATS",
+            "                    await frames.send(Frame(kind, request_id))",
         tests=(SUSPENDED,),
         why="README: a worker that does not answer within timeout is reported as None",
     ),

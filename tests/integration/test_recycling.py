@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import anyio
 import psutil
@@ -132,6 +133,18 @@ async def test_recycle_replaces_every_worker_while_calls_flow() -> None:
             ready: list[int] = []
             failures: list[BaseException] = []
             recycled = anyio.Event()
+            # How many workers take this pool's calls as each old one is withdrawn: the
+            # replacement is connected by then, so its size plus one (sampled there, not
+            # between calls, where a short dip could go unseen).
+            at_drops: list[int] = []
+            announce = pool._announce
+
+            async def recording(worker: Any, kind: str) -> None:
+                if kind == "worker-dropped":
+                    at_drops.append(len(pool.proxy.workers))
+                await announce(worker, kind)
+
+            pool._announce = recording  # type: ignore[method-assign]
 
             async def steady() -> None:
                 while not recycled.is_set():
@@ -150,6 +163,7 @@ async def test_recycle_replaces_every_worker_while_calls_flow() -> None:
             assert failures == []
             assert len(after) == 2 and not after & before  # every worker replaced
             assert min(ready) >= 2  # never fewer than the pool's size taking calls
+            assert at_drops == [3, 3]
             assert set(served) == before | after  # calls flowed throughout, to both
             assert {await pid() for _ in range(6)} == after
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE

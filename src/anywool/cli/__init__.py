@@ -11,7 +11,9 @@
   ``_reclaim_command``); with ``--etcd URL``, ``ls``, ``show`` and ``watch`` read an etcd
   cluster instead (the ``--etcd`` options and the reads: :mod:`anywool.cli._etcd_ops`);
 * ``anywool top NS``: what each worker of a namespace is doing, asked of the workers themselves
-  (:mod:`anywool.cli._top_command`).
+  (:mod:`anywool.cli._top_command`);
+* ``anywool recycle NS``: a rolling restart of the pools (``anywool worker`` hosts) serving a
+  namespace, one host at a time, asked of their workers (:mod:`anywool.cli._recycle_command`).
 
 Presentation only (click, rich): the work is the library's.
 """
@@ -37,6 +39,7 @@ class _Commands(click.Group):
         "show": "anywool.cli._show_command",
         "watch": "anywool.cli._watch_command",
         "top": "anywool.cli._top_command",
+        "recycle": "anywool.cli._recycle_command",
         "reclaim": "anywool.cli._reclaim_command",
     }
 

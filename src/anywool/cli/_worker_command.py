@@ -26,7 +26,13 @@ SIGHUP, once ``ready``, replaces every worker one at a time (:meth:`WorkerPool.r
 <anywool.WorkerPool.recycle>`: new code and configuration, no call lost): ``recycling``, then
 ``worker <address> pid <pid>`` per new worker and ``recycled``, or ``recycle failed: <why>``
 (the workers not replaced keep running). One that arrives during a recycle is taken after it;
-before ``ready`` SIGHUP is ignored (from ``starting`` on).
+before ``ready`` SIGHUP is ignored (from ``starting`` on). ``anywool recycle NS``, from another
+process or host, does the same through one of the workers (see
+:mod:`anywool.cli._recycle_command`), with the same lines.
+
+``--idle-timeout SECONDS`` retires a worker that ran no call for that long, not replaced, while
+more than ``--min-workers`` run; calls coming again start them again, one at a time, up to
+``--workers`` (see ``WorkerPool(idle_timeout=..., min_workers=...)``).
 """
 
 from __future__ import annotations
@@ -135,12 +141,20 @@ def _read_secret(path: Path | None) -> bytes | None:
 @click.option("--max-memory", type=click.IntRange(min=1 << 20), default=None, metavar="BYTES",
               help="Each worker retires once its resident set passes BYTES and is replaced "
                    "(default: never).")
+@click.option("--idle-timeout", type=float, default=None, metavar="SECONDS",
+              help="Retire a worker that ran no call for SECONDS (at least 0.1), not replaced, "
+                   "while more than --min-workers run; calls coming again start them again, "
+                   "one at a time, up to --workers (default: never).")
+@click.option("--min-workers", type=int, default=None, metavar="N",
+              help="With --idle-timeout: the fewest workers idleness leaves running (1 to "
+                   "--workers; default 1).")
 def worker(discovery: str, namespace: str, workers: int, host: str | None,
            secret_file: Path | None, tls_cert: str | None, tls_key: str | None,
            tls_ca: str | None, tags: tuple[str, ...], interfaces: tuple[str, ...],
            etcd_lease_ttl: int | None, join: bool, backend: str, max_concurrency: int | None,
            drain: float, lifespan: str | None, max_calls: int | None,
-           max_memory: int | None, **etcd: Any) -> None:
+           max_memory: int | None, idle_timeout: float | None, min_workers: int | None,
+           **etcd: Any) -> None:
     """Host worker processes announced into the --namespace NS until SIGINT or SIGTERM.
 
     A pool in another process, or on another host, dispatches to them with
@@ -198,12 +212,18 @@ def worker(discovery: str, namespace: str, workers: int, host: str | None,
         pool = WorkerPool(spawn=workers, discovery=where, tags=tags, backend=backend, host=host,
                           secret=secret, tls=tls, max_concurrency=max_concurrency,
                           shutdown_timeout=drain, worker_lifespan=lifespan,
-                          max_calls=max_calls, max_memory=max_memory)
+                          max_calls=max_calls, max_memory=max_memory,
+                          idle_timeout=idle_timeout, min_workers=min_workers)
     except (TypeError, ValueError) as exc:
-        raise click.UsageError(str(exc).replace("worker_lifespan", "--lifespan")) from None
+        message = str(exc).replace("worker_lifespan", "--lifespan")
+        for name in ("idle_timeout", "min_workers"):
+            message = message.replace(name, "--" + name.replace("_", "-"))
+        raise click.UsageError(message.replace("spawn (", "--workers (")) from None
     # Its workers serve other processes: every record reaches their callers, whose levels
     # decide (this process's own logging says nothing of theirs).
     pool._output_level = logging.NOTSET  # pyright: ignore[reportPrivateUsage]
+    # A recycle request passed on by a worker (anywool recycle) says what it does, as SIGHUP.
+    pool._on_recycle_request = partial(_recycle, pool)  # pyright: ignore[reportPrivateUsage]
     # Noted, never ignored, until the event loop's receiver takes over: one that arrives while
     # the command starts must stop it (it is honoured as soon as the receiver opens).
     _noted.clear()
@@ -305,14 +325,20 @@ async def _serve(pool: WorkerPool, signals: AsyncIterator[signal.Signals]) -> No
 async def _recycle_on_hangup(pool: WorkerPool, hangups: AsyncIterator[signal.Signals]) -> None:
     """Each SIGHUP: replace every worker (those that arrive meanwhile: one more after)."""
     async for _ in hangups:
-        _say("recycling")
-        before = {hosted.pid for hosted in pool.workers}
-        try:
-            await pool.recycle()
-        except Exception as exc:
-            _say(f"recycle failed: {exc}")
-            continue
-        for hosted in pool.workers:
-            if hosted.pid not in before:
-                _say(f"worker {hosted.address} pid {hosted.pid}")
-        _say("recycled")
+        await _recycle(pool)
+
+
+async def _recycle(pool: WorkerPool) -> None:
+    """Replace every worker, saying so: ``recycling``, a line per new worker, ``recycled``
+    (or ``recycle failed: <why>``)."""
+    _say("recycling")
+    before = {hosted.pid for hosted in pool.workers}
+    try:
+        await pool.recycle()
+    except Exception as exc:
+        _say(f"recycle failed: {exc}")
+        return
+    for hosted in pool.workers:
+        if hosted.pid not in before:
+            _say(f"worker {hosted.address} pid {hosted.pid}")
+    _say("recycled")

@@ -190,7 +190,8 @@ class WorkerConnection(SingleUse):
         self._frames: FrameStream | None = None
         self._task_group: TaskGroup | None = None
         self._calls: dict[int, _Call] = {}
-        # Statistics requests waiting for their answer, by request id (see stats).
+        # Statistics and recycle requests waiting for their answer, by request id (see stats,
+        # recycle).
         self._stats_waiters: dict[int, _StatsWaiter] = {}
         # The origin key this connection delivered whole (see _envelope): later calls carry
         # the key alone.
@@ -355,7 +356,7 @@ class WorkerConnection(SingleUse):
                 _telemetry.state.refused(self._calls.get(frame.call_id), self.attributes)
         call = self._calls.get(frame.call_id)
         if call is None:
-            if frame.kind == Kind.STATS:  # never a call's id: off the calls' path
+            if frame.kind in (Kind.STATS, Kind.RECYCLE):  # never a call's id: off its path
                 waiter = self._stats_waiters.get(frame.call_id)
                 if waiter is not None:
                     waiter.answer(frame.payload)
@@ -542,6 +543,30 @@ class WorkerConnection(SingleUse):
 
         Cancellation: safe at any point; a late answer is dropped.
         """
+        return envelope.decode_stats(await self._ask(Kind.STATS, timeout, "stats"))
+
+    async def recycle(self, timeout: float = 5.0) -> str | None:
+        """Ask the worker to have the pool that spawned it replace every worker it spawned, one
+        at a time (:meth:`WorkerPool.recycle <anywool.WorkerPool.recycle>`); the worker answers
+        at once, without starting a call. Whether the recycle then happens is the pool's
+        business: this only says the pool was told.
+
+        :param timeout: seconds (> 0) to wait for the answer.
+        :returns: ``None`` when the worker passed the request on to its pool, else why it did
+            not, in words (a worker run by hand, or by a bare ``LocalWorker``, has no pool that
+            would act on it; a stopping worker refuses too).
+        :raises TimeoutError: no answer within ``timeout``.
+        :raises WorkerError: the connection is broken, or was lost before the answer came.
+        :raises FrameError: the worker's answer is malformed.
+
+        Cancellation: safe at any point; a late answer is dropped (the request may have been
+        passed on all the same).
+        """
+        return envelope.decode_recycle_answer(await self._ask(Kind.RECYCLE, timeout,
+                                                              "a recycle"))
+
+    async def _ask(self, kind: Kind, timeout: float, what: str) -> Buffer:
+        """Send a request of ``kind`` (not a call) and wait for its answer's payload."""
         frames = self._frames
         if self._failure is not None or frames is None:
             raise WorkerError(self.address, self._failure or "not connected")
@@ -550,15 +575,15 @@ class WorkerConnection(SingleUse):
         try:
             with anyio.fail_after(timeout):
                 try:
-                    await frames.send(Frame(Kind.STATS, request_id))
+                    await frames.send(Frame(kind, request_id))
                 except PEER_GONE as exc:
                     self._fail(f"connection failed: {exc!r}")
                 await waiter.done.wait()
         finally:
             del self._stats_waiters[request_id]
         if waiter.payload is None:
-            raise WorkerError(self.address, f"lost while asking for stats: {self._failure}")
-        return envelope.decode_stats(waiter.payload)
+            raise WorkerError(self.address, f"lost while asking for {what}: {self._failure}")
+        return waiter.payload
 
     # -- calls -------------------------------------------------------------------------------
 

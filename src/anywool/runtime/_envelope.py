@@ -60,6 +60,9 @@ Header fields by kind:
   :class:`~anywool.runtime._stats.WorkerStats` by name). Keys a client does not know are
   ignored; a known key missing or of the wrong type fails that request
   (:func:`decode_stats`).
+* ``RECYCLE``: empty from the client (other payloads are reserved, and ignored); from the
+  worker empty when it passed the request on to the pool that spawned it, else why not, in
+  UTF-8 words (:func:`encode_recycle_answer`, :func:`decode_recycle_answer`).
 
 Encoders return :class:`~anywool.runtime._wire.Parts` (the pickles' pieces by reference, for
 ``FrameStream.send_parts``); decoders return each pickle as views of the payload they were
@@ -491,3 +494,33 @@ def decode_stats(payload: Buffer) -> WorkerStats:
                              f"{' or '.join(t.__name__ for t in types)} (>= 0), got {value!r}")
         values[name] = float(value) if float in types else value
     return WorkerStats(**values)
+
+
+# -- RECYCLE (issue 24) -------------------------------------------------------------------------
+
+#: The longest refusal a worker's ``RECYCLE`` answer carries (bytes): words, not data.
+MAX_REFUSAL = 1024
+
+
+def encode_recycle_answer(refusal: str | None) -> bytes:
+    """The payload of a worker's ``RECYCLE`` answer: empty when accepted, else ``refusal``."""
+    if refusal is None:
+        return b""
+    # Cut on a character's boundary: a refusal the client cannot decode says nothing.
+    return refusal.encode()[:MAX_REFUSAL].decode(errors="ignore").encode()
+
+
+def decode_recycle_answer(payload: Buffer) -> str | None:
+    """``None`` when the worker accepted the ``RECYCLE`` request, else its refusal in words.
+
+    :raises FrameError: the refusal is longer than :data:`MAX_REFUSAL` bytes, or not UTF-8.
+    """
+    data = bytes(payload)
+    if not data:
+        return None
+    if len(data) > MAX_REFUSAL:
+        raise FrameError(f"a recycle refusal of {len(data)} bytes (at most {MAX_REFUSAL})")
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise FrameError("a recycle refusal that is not UTF-8") from None

@@ -361,18 +361,64 @@ class LocalWorker(SingleUse):
 
         Cancellation: only the wait is cancelled. One waiter at a time.
         """
+        while True:
+            text = await self.notice()
+            if text is None:
+                return None
+            if text.startswith(RETIRING):
+                return text[len(RETIRING):]
+
+    async def notice(self) -> str | None:
+        """Wait for the worker's next notice, a line it writes to its parent after its address
+        (``retiring <reason>``; to a pool that supervises it, see :meth:`tell`, ``recycle``,
+        ``idle`` and ``call``: see :class:`~anywool.runtime._server.Server`); ``None``: its
+        process ended first, or it was stopped.
+
+        :raises RuntimeError: the worker has not started.
+
+        Cancellation: only the wait is cancelled (a line half read is kept). One waiter at a
+        time (:meth:`retiring` included).
+        """
         reader = self._stdout
         if reader is None:
             raise RuntimeError("the LocalWorker is not running")
-        while True:
-            try:
-                line = await reader.receive_until(b"\n", 4096)
-            except (anyio.EndOfStream, anyio.IncompleteRead, anyio.DelimiterNotFound,
-                    anyio.ClosedResourceError, anyio.BrokenResourceError):
-                return None
-            text = line.decode(errors="replace")
-            if text.startswith(RETIRING):
-                return text[len(RETIRING):]
+        try:
+            line = await reader.receive_until(b"\n", 4096)
+        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.DelimiterNotFound,
+                anyio.ClosedResourceError, anyio.BrokenResourceError):
+            return None
+        return line.decode(errors="replace")
+
+    async def tell(self, line: str) -> None:
+        """Send the worker one control line (see :class:`~anywool.runtime._server.Server`:
+        ``supervised``, ``idle-timeout <seconds>``, ``report-call``), within a second; a
+        worker that is gone, or does not read it within that, is not told (never raises an
+        ``Exception``).
+
+        Cancellation: the line may or may not have been sent.
+        """
+        process = self._process
+        if process is None or process.stdin is None or process.returncode is not None:
+            return
+        await self._send_control(process, f"{line}\n")
+
+    # One writer at a time on the worker's stdin (a stop request and a control line may race,
+    # and trio refuses concurrent sends); made at first use, in the event loop.
+    _stdin_lock: anyio.Lock | None = None
+
+    async def _send_control(self, process: Process | ForkedProcess, line: str) -> None:
+        """Write ``line`` to the worker's stdin within a second (what is not sent by then, or
+        to a worker that is gone, is dropped)."""
+        if process.stdin is None:
+            return
+        if self._stdin_lock is None:
+            self._stdin_lock = anyio.Lock()
+        try:
+            with anyio.move_on_after(1.0):
+                async with self._stdin_lock:
+                    await process.stdin.send(line.encode())
+        except PEER_GONE:
+            pass  # already exiting
 
     async def drain(self) -> int:
         """Ask the worker to stop once its calls in flight have ended, however long they take
@@ -475,13 +521,7 @@ class LocalWorker(SingleUse):
             self._remove_socket()
 
     async def _request_stop(self, process: Process | ForkedProcess, grace: float) -> None:
-        if process.stdin is None:
-            return
-        try:
-            with anyio.move_on_after(1.0):
-                await process.stdin.send(f"stop {grace!r}\n".encode())
-        except PEER_GONE:
-            pass  # already exiting
+        await self._send_control(process, f"stop {grace!r}\n")
 
     def _remove_socket(self) -> None:
         # A worker that was killed could not remove its socket; its directory is ours to clean

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import anyio
 from anyio.abc import TaskStatus
@@ -47,7 +47,15 @@ from anywool.runtime._local_worker import (
     current_backend,
     tcp_endpoint,
 )
-from anywool.runtime._worker import MAX_CONCURRENCY
+from anywool.runtime._server import (
+    IDLE_TIMEOUT,
+    NOTICE_CALL,
+    NOTICE_IDLE,
+    NOTICE_RECYCLE,
+    REPORT_CALL,
+    SUPERVISED,
+)
+from anywool.runtime._worker import MAX_CONCURRENCY, RETIRING
 from anywool.runtime._output import OutputLine
 from anywool.runtime._proxy import WorkerProxy
 from anywool.runtime._stats import WorkerStats
@@ -62,7 +70,16 @@ MAX_SPAWN = 1024
 # this many such failures in a row its slot is given up.
 _MIN_UPTIME = 2.0
 _MAX_START_FAILURES = 3
+# What _until_exit_or_stop says of a worker retired for idleness (not replaced).
+_IDLE = "is idle"
 _RESTART_BACKOFF = 0.1
+
+#: The key, in a spawned worker's metadata ``extra``, of its pool's id: a random hex string
+#: per pool, the same for every worker it spawns (replacements included), so that a reader of
+#: the namespace (``anywool recycle``) knows which workers one pool runs.
+POOL_EXTRA = "anywool.pool"
+#: The shortest ``idle_timeout`` (seconds): a worker says it is idle every that many seconds.
+MIN_IDLE_TIMEOUT = 0.1
 
 _SPAWNING_ACCEPTS = (DiscoveryLike,)
 _DURABLE_ACCEPTS = (DiscoveryLike, DiscoverySubscriberLike)
@@ -185,12 +202,27 @@ class WorkerPool(SingleUse):
         this many bytes (``int`` ≥ 1 MiB; ``None``: never; looked at ten times a second, also
         while calls run). A worker past it once started (its lifespan entered) fails its
         start.
+    :param idle_timeout: seconds (≥ 0.1; ``None``: never) after which a spawned worker that
+        ran no call (from this pool or any other caller: the worker counts them) is retired
+        and not replaced, while the pool runs more than ``min_workers`` spawned workers: it
+        is withdrawn, takes no new call (callers go to the others), finishes those it runs
+        and exits. While the pool runs fewer than ``spawn`` workers, the next call one of
+        them takes (from any caller) starts one more, announced like the first ones: one
+        start at a time, until ``spawn`` again.
+    :param min_workers: the fewest spawned workers idleness leaves running (``int``, 1 to
+        ``spawn``; default 1); only with ``idle_timeout``.
     :raises TypeError: an argument has the wrong type, e.g. a ``discovery`` or ``loadbalancer``
         that is neither a protocol instance nor a Factory form, or a bare subscriber given to a
         spawning pool (checked at construction where the value says so, else at entry).
     :raises ValueError: an argument is out of range (the message names it and its value), or
         ``host`` is given without credentials or to a pool that spawns nothing, or
-        ``on_output`` is given with ``forward_output=False``.
+        ``on_output`` is given with ``forward_output=False``, or ``idle_timeout`` to a pool
+        that spawns nothing, or ``min_workers`` without ``idle_timeout`` or above ``spawn``.
+
+    Every spawned worker carries the pool's id in its metadata (``extra["anywool.pool"]``),
+    and passes on to the pool a recycle request a client sends it (``anywool recycle NS``,
+    authenticated as a call is): the pool then runs :meth:`recycle` (logging a failure), one
+    at a time; a request that comes during a recycle is taken after it.
 
     A TCP worker that rejects the pool's credentials (or has none to check) is not used; when
     no other worker is, dispatching raises its :class:`~anywool.errors.AuthenticationError`.
@@ -242,6 +274,8 @@ class WorkerPool(SingleUse):
         worker_lifespan: Callable[[], AbstractAsyncContextManager[Any]] | str | None = None,
         max_calls: int | None = None,
         max_memory: int | None = None,
+        idle_timeout: float | None = None,
+        min_workers: int | None = None,
     ) -> None:
         self._max_calls, self._max_memory = check_recycling(max_calls, max_memory)
         _output.check_options(forward_output, on_output)  # here: errors at construction
@@ -302,6 +336,9 @@ class WorkerPool(SingleUse):
         self._cancel_grace = _validate.duration("cancel_grace", cancel_grace, allow_zero=False)
         self._max_concurrency = None if max_concurrency is None else _validate.count(
             "max_concurrency", max_concurrency, upper=MAX_CONCURRENCY)
+        self._idle_timeout, self._min_workers = self._check_idleness(
+            idle_timeout, min_workers, discovery)
+        self._pool_id = uuid4().hex
         self._stack: AsyncExitStack | None = None
         self._workers: list[LocalWorker] = []
         self._supervisors: anyio.abc.TaskGroup | None = None
@@ -316,6 +353,19 @@ class WorkerPool(SingleUse):
         self._recycled: dict[UUID, anyio.Event] = {}
         self._recycle_failures: dict[UUID, BaseException | str] = {}
         self._recycling = anyio.Lock()
+        # Recycle requests passed on by the workers (see _serve_recycle_requests).
+        self._recycle_wanted = anyio.Event()
+        self._requests: anyio.CancelScope | None = None  # around them, once the pool runs
+        self._requests_ended = False
+        #: Run for each recycle request (the `anywool worker` command says what it does).
+        self._on_recycle_request: Callable[[], Any] = self._recycle_requested
+        # Idleness (idle_timeout): how many workers the pool runs when none is idle (its
+        # spawn), whether a start to grow back is under way, the workers asked to report
+        # their next call, and where the spawned workers' supervisors start.
+        self._target = 0
+        self._growing = False
+        self._armed: set[UUID] = set()
+        self._spawned_with: tuple[str, frozenset[str]] | None = None
         self._own: set[UUID] = set()
         self._proxy: WorkerProxy | None = None
         self._resolved: Any = None
@@ -326,12 +376,36 @@ class WorkerPool(SingleUse):
         self._exiting = False
         self._announcing: set[anyio.CancelScope] = set()
         self._stopping = anyio.Event()
-        self._slots = 0  # worker slots that have not been given up
+        # Worker slots that have not been given up (nor closed by idleness: see idle_timeout).
+        self._slots = 0
         self._ended: set[UUID] = set()  # workers this pool killed itself (see _end_stuck)
         self._starting: set[anyio.CancelScope] = set()  # around each worker start under way
         self._given_up: str | None = None  # why every slot was, once they all were
         self._announce_budget = Budget(self._announce_timeout)
         self._shutdown_budget = Budget(self._shutdown_timeout)
+
+    def _check_idleness(self, idle_timeout: object, min_workers: object, discovery: object
+                        ) -> tuple[float | None, int]:
+        """``idle_timeout`` and ``min_workers`` checked (see the class)."""
+        timeout = _validate.seconds("idle_timeout", idle_timeout, allow_zero=False,
+                                    optional=True, floor=MIN_IDLE_TIMEOUT)
+        if timeout is None:
+            if min_workers is not None:
+                raise ValueError(f"min_workers={min_workers!r} is the floor of idle_timeout's "
+                                 "retirements, but idle_timeout is None (pass both)")
+            return None, 1
+        if self._spawn is None and discovery is not None:
+            raise ValueError(f"idle_timeout={idle_timeout!r} retires the workers a pool spawns, "
+                             "but this pool spawns none (pass spawn=N)")
+        spawned = self._spawn if self._spawn is not None else (os.cpu_count() or 1)
+        if min_workers is None:
+            return timeout, 1
+        if isinstance(min_workers, bool) or not isinstance(min_workers, int):
+            raise TypeError(f"min_workers must be an int, got {min_workers!r}")
+        if not 1 <= min_workers <= spawned:
+            raise ValueError(f"min_workers must be between 1 and spawn ({spawned}), got "
+                             f"{min_workers!r}")
+        return timeout, min_workers
 
     @property
     def workers(self) -> list[LocalWorker]:
@@ -526,6 +600,7 @@ class WorkerPool(SingleUse):
 
         async def stop_supervisors() -> None:
             self._stopping.set()
+            self._end_recycle_requests()
             self._stop_starting()  # a replacement starting (its lifespan, say) is not waited for
             await exit_task_group(supervisors, cancel=False)  # they stop their workers
 
@@ -539,7 +614,9 @@ class WorkerPool(SingleUse):
                 failures.append(exc)
                 starters.cancel_scope.cancel()
 
-        self._slots = count
+        self._slots = self._target = count
+        self._spawned_with = (backend, tags)
+        supervisors.start_soon(self._serve_recycle_requests)
         async with anyio.create_task_group() as starters:
             for _ in range(count):
                 starters.start_soon(start_one, starters)
@@ -590,7 +667,8 @@ class WorkerPool(SingleUse):
                                  namespace=self._worker_namespace,
                                  output_level=self._spawned_output_level(),
                                  lifespan=self._lifespan, max_calls=self._max_calls,
-                                 max_memory=self._max_memory)
+                                 max_memory=self._max_memory,
+                                 extra={POOL_EXTRA: self._pool_id})
             if started or replacing:
                 self._want_template(backend)
             worker._template = self._template
@@ -603,12 +681,17 @@ class WorkerPool(SingleUse):
                     try:
                         async with worker:
                             self._starting.discard(starting)
+                            # Before it is announced: a recycle request is passed on from then.
+                            await worker.tell(SUPERVISED)
+                            if self._idle_timeout is not None:
+                                await worker.tell(f"{IDLE_TIMEOUT} {self._idle_timeout!r}")
                             born = anyio.current_time()
                             self._own.add(worker.metadata.uid)
                             self._own_changed()
                             self._workers.append(worker)
                             self._adopted(worker)
                             uid = worker.metadata.uid
+                            self._arm()
                             try:
                                 if started or replacing:
                                     await self._announce(worker, "worker-added")
@@ -621,10 +704,12 @@ class WorkerPool(SingleUse):
                                     if retiring is None:
                                         break
                                     if await self._retire(worker, retiring, backend, tags,
-                                                          recycling=asked.is_set()):
+                                                          recycling=asked.is_set(),
+                                                          replace=retiring != _IDLE):
                                         return
                             finally:
                                 self._workers.remove(worker)
+                                self._armed.discard(uid)
                                 self._recycle_asked.pop(uid, None)
                                 recycled = self._recycled.pop(uid, None)
                                 if recycled is not None:
@@ -695,25 +780,38 @@ class WorkerPool(SingleUse):
             self._proxy._set_own(self._own)
 
     async def _retire(self, worker: LocalWorker, reason: str, backend: str,
-                      tags: frozenset[str], *, recycling: bool) -> bool:
+                      tags: frozenset[str], *, recycling: bool, replace: bool = True) -> bool:
         """Replace ``worker``: start its replacement in a supervisor of its own, wait until
         this pool's proxy is connected to it, then withdraw ``worker`` and let its calls
         finish, however long they take (it then exits by itself); the pool's exit stops it as
         any worker, its calls drained within what is left of ``shutdown_timeout``. Whether it
         was replaced: a worker that retires by itself (it takes no new calls) is withdrawn even
         when no replacement starts (its slot is given up); one that ``recycling`` replaces
-        stays when none starts (the reason is kept for :meth:`recycle`)."""
-        log.info("worker pid %s %s; replacing it", worker.pid, reason)
-        replacement, failure = await self._start_replacement(backend, tags, give_up=not recycling)
-        if replacement is None and recycling and not (self._stopping.is_set() or self._exiting):
+        stays when none starts (the reason is kept for :meth:`recycle`). Without ``replace``
+        (an idle worker, its slot closed already), it is withdrawn and stopped alone."""
+        replacement: LocalWorker | None = None
+        failure: BaseException | str = ""
+        if not replace:
+            log.info("worker pid %s was idle for %s s; retiring it (%d workers left)",
+                     worker.pid, self._idle_timeout, self._slots)
+        else:
+            log.info("worker pid %s %s; replacing it", worker.pid, reason)
+            async with anyio.create_task_group() as notices:
+                # It still answers requests meanwhile: a recycle request is passed on.
+                notices.start_soon(self._pass_on_recycle_requests, worker)
+                replacement, failure = await self._start_replacement(backend, tags,
+                                                                     give_up=not recycling)
+                if replacement is not None:
+                    await self._until_proxy_has(replacement)
+                notices.cancel_scope.cancel()
+        if (replace and replacement is None and recycling
+                and not (self._stopping.is_set() or self._exiting)):
             uid = worker.metadata.uid
             self._recycle_failures[uid] = failure
             done = self._recycled.pop(uid, None)
             if done is not None:
                 done.set()
             return False
-        if replacement is not None:
-            await self._until_proxy_has(replacement)
         await self._announce(worker, "worker-dropped")
         self._own.discard(worker.metadata.uid)
         self._own_changed()
@@ -729,6 +827,13 @@ class WorkerPool(SingleUse):
                 tg.cancel_scope.cancel()
         await worker.stop(self._shutdown_budget.left)
         return True
+
+    async def _pass_on_recycle_requests(self, worker: LocalWorker) -> None:
+        """Read ``worker``'s notices (until it ends, or this is cancelled), passing on its
+        recycle requests; the others are moot once it is being replaced."""
+        while (said := await worker.notice()) is not None:
+            if said == NOTICE_RECYCLE and not (self._stopping.is_set() or self._exiting):
+                self._recycle_wanted.set()
 
     async def _until_proxy_has(self, worker: LocalWorker) -> None:
         """Wait (within ``startup_timeout``) until this pool's proxy is connected to
@@ -795,12 +900,31 @@ class WorkerPool(SingleUse):
                 code = await worker.wait()
                 tg.cancel_scope.cancel()
 
-            async def watch_retiring() -> None:
+            async def watch_notices() -> None:
                 nonlocal retiring
-                said = await worker.retiring()
-                if said is not None and not self._stopping.is_set():
-                    retiring = f"retires: {said}"
-                    tg.cancel_scope.cancel()
+                while (said := await worker.notice()) is not None:
+                    if self._stopping.is_set() or self._exiting:
+                        continue
+                    if said.startswith(RETIRING):
+                        retiring = f"retires: {said[len(RETIRING):]}"
+                        tg.cancel_scope.cancel()
+                        return
+                    if said == NOTICE_RECYCLE:
+                        log.info("worker pid %s passed on a recycle request", worker.pid)
+                        self._recycle_wanted.set()
+                    elif said == NOTICE_IDLE and self._idle_timeout is not None:
+                        if (self._slots > self._min_workers
+                                and self._running_besides(worker) >= self._min_workers):
+                            self._slots -= 1  # now: the next idle worker sees one fewer
+                            retiring = _IDLE
+                            tg.cancel_scope.cancel()
+                            self._arm()
+                            return
+                        log.debug("worker pid %s is idle; kept (min_workers=%d)", worker.pid,
+                                  self._min_workers)
+                    elif said == NOTICE_CALL:
+                        self._armed.discard(worker.metadata.uid)
+                        self._grow()
 
             async def watch_pool() -> None:
                 await self._stopping.wait()
@@ -808,11 +932,81 @@ class WorkerPool(SingleUse):
 
             tg.start_soon(watch_process)
             tg.start_soon(watch_pool)
-            tg.start_soon(watch_retiring)
+            tg.start_soon(watch_notices)
             tg.start_soon(watch_recycle)
         if self._stopping.is_set():
             return None, None
         return code, None if code is not None else retiring
+
+    # -- idleness and growth back (idle_timeout) ------------------------------------------------
+
+    def _running_besides(self, worker: LocalWorker) -> int:
+        """How many other spawned workers are up and not withdrawn (a slot whose worker is
+        being restarted after a crash has none)."""
+        return sum(1 for other in self._workers
+                   if other is not worker and other.metadata.uid in self._own)
+
+    def _arm(self) -> None:
+        """While the pool runs fewer than its spawn of workers, ask each running worker not
+        asked yet to report its next call (it then says ``call`` once: see :meth:`_grow`)."""
+        supervisors = self._supervisors
+        if (self._idle_timeout is None or supervisors is None or self._slots >= self._target
+                or self._stopping.is_set() or self._exiting):
+            return
+        for worker in self._workers:
+            uid = worker.metadata.uid
+            if uid not in self._armed and uid in self._own:
+                self._armed.add(uid)
+                supervisors.start_soon(worker.tell, REPORT_CALL)
+
+    def _grow(self) -> None:
+        """A worker took a call while asked to report one: start one more worker, if the pool
+        runs fewer than its spawn and no such start is under way."""
+        supervisors = self._supervisors
+        if (self._growing or supervisors is None or self._spawned_with is None
+                or self._slots >= self._target or self._stopping.is_set() or self._exiting):
+            return
+        self._growing = True
+        supervisors.start_soon(self._grow_one, *self._spawned_with)
+
+    async def _grow_one(self, backend: str, tags: frozenset[str]) -> None:
+        try:
+            log.info("a call came with %d of %d workers running; starting one more",
+                     self._slots, self._target)
+            worker, failure = await self._start_replacement(backend, tags, give_up=False)
+            if worker is not None:
+                self._slots += 1
+            elif not (self._stopping.is_set() or self._exiting):
+                log.warning("a worker to grow back to %d could not start: %s", self._target,
+                            failure)
+        finally:
+            self._growing = False
+        self._arm()
+
+    # -- recycle requests ----------------------------------------------------------------------
+
+    async def _serve_recycle_requests(self) -> None:
+        """Run :meth:`recycle` for the requests the workers pass on, one at a time: those that
+        come during one are taken after it, once. Ends when the pool exits (a recycle under
+        way is cancelled between workers)."""
+        with anyio.CancelScope() as self._requests:
+            if self._requests_ended:
+                return
+            while True:
+                await self._recycle_wanted.wait()
+                self._recycle_wanted = anyio.Event()
+                await self._on_recycle_request()
+
+    def _end_recycle_requests(self) -> None:
+        self._requests_ended = True
+        if self._requests is not None:
+            self._requests.cancel()
+
+    async def _recycle_requested(self) -> None:
+        try:
+            await self.recycle()
+        except (WorkerError, RuntimeError) as exc:  # RuntimeError: the pool is not entered yet
+            log.error("a requested recycle of %r failed: %s", self, exc)
 
     async def _announce(self, worker: LocalWorker, kind: str) -> None:
         """Publish one worker's change, once the initial announcement has been made."""
@@ -839,6 +1033,7 @@ class WorkerPool(SingleUse):
         assert proxy is not None
         proxy.deactivate()
         self._exiting = True
+        self._end_recycle_requests()
         for scope in self._announcing:
             scope.cancel()
         if self._publisher is not None and self._announce_timeout > 0:

@@ -54,6 +54,18 @@ from anywool.runtime._wire import (
 
 log = logging.getLogger("anywool.worker")
 
+# Control lines from the pool that spawned the worker (after its address; see Server._control)
+# and the notices it answers with (lines on its notices pipe; see LocalWorker.notice).
+#: The pool reads the worker's notices and acts on them: recycle requests are passed on.
+SUPERVISED = "supervised"
+#: ``idle-timeout <seconds>``: say NOTICE_IDLE after that long without a call.
+IDLE_TIMEOUT = "idle-timeout"
+#: Say NOTICE_CALL at the next call taken (once).
+REPORT_CALL = "report-call"
+NOTICE_RECYCLE = "recycle"
+NOTICE_IDLE = "idle"
+NOTICE_CALL = "call"
+
 # How long a cancelled call may take to tell its client it was cancelled.
 REPLY_TIMEOUT = 1.0
 #: Seconds a stopping worker spends after its drain, all steps together: cancelling the calls
@@ -84,6 +96,9 @@ class _Stop:
         self.served = self.returned = self.raised = self.cancelled = 0
         self.busy = 0.0
         self.busy_since = 0.0
+        # Since when (time.perf_counter()) no call is in flight: what idleness is measured
+        # from (see Server.watch_idle).
+        self.quiet_since = time.perf_counter()
         self._changed: anyio.Event | None = None  # made only while somebody drains
         self._drain_scope: anyio.CancelScope | None = None
         self.terminated = False
@@ -130,7 +145,8 @@ class _Stop:
         self.in_flight -= 1
         self.served += 1
         if not self.in_flight:
-            self.busy += time.perf_counter() - self.busy_since
+            self.quiet_since = time.perf_counter()
+            self.busy += self.quiet_since - self.busy_since
         if self._changed is not None:
             self._changed.set()
             self._changed = None
@@ -231,8 +247,20 @@ class Server:
     def __init__(self, address: str, nested: NestedProxies,
                  max_concurrency: int | None = None, control: int = 0, *,
                  max_calls: int | None = None,
-                 on_retire: Callable[[str], object] | None = None) -> None:
+                 on_retire: Callable[[str], object] | None = None,
+                 notify: Callable[[str], object] | None = None) -> None:
         self.address = address
+        # What the worker tells the pool that spawned it, one line each on its notices pipe
+        # (see LocalWorker.notice): NOTICE_RECYCLE when a client asks for a rolling restart,
+        # NOTICE_IDLE every idle_timeout seconds without a call, NOTICE_CALL at the first call
+        # taken once the pool asked for it. Only once the pool said it supervises the worker
+        # (SUPERVISED on the control pipe): a worker run by hand, or by a bare LocalWorker,
+        # refuses recycle requests, since nobody would act on them.
+        self._notify = notify
+        self.supervised = False
+        self.idle_timeout: float | None = None
+        self._idle_changed = anyio.Event()
+        self.report_call = False
         # Recycling (issue 24): after max_calls calls admitted, or when told to (its memory),
         # the worker retires: it refuses new calls as busy, for good (its callers try another
         # worker, or wait for room, which a change of workers brings), finishes those it runs,
@@ -367,6 +395,9 @@ class Server:
             self.stop.started(call.read_at)
             tg.start_soon(self._run, frames, call, request, calls)
             self.admitted += 1
+            if self.report_call:
+                self.report_call = False
+                self._say(NOTICE_CALL)
             if self.max_calls is not None and self.admitted >= self.max_calls:
                 self.retire(f"it took its max_calls={self.max_calls} calls")
             return
@@ -374,6 +405,8 @@ class Server:
         if call is None:
             if frame.kind == Kind.STATS:  # not a call: never refused, never counted
                 tg.start_soon(self._send_stats, frames, frame.call_id)
+            elif frame.kind == Kind.RECYCLE:  # nor is this
+                tg.start_soon(self._answer_recycle, frames, frame.call_id)
             return  # late frame for a call that ended
         if frame.kind == Kind.CANCEL:
             call.cancel()
@@ -761,6 +794,71 @@ class Server:
         await _send_quietly(frames, Frame(Kind.STATS, request_id,
                                           envelope.encode_stats(self.stats())))
 
+    # -- the pool that spawned this worker (issue 24) ------------------------------------------
+
+    def _say(self, notice: str) -> None:
+        if self._notify is not None:
+            self._notify(notice)
+
+    def recycle_refusal(self) -> str | None:
+        """Why a ``RECYCLE`` request is refused now (``None``: it is passed on)."""
+        if not self.supervised or self._notify is None:
+            return "not run by a pool: nobody would replace this worker"
+        if self.stop.draining or self.stop.requested.is_set():
+            return "the worker is stopping"
+        if self.retiring is not None:
+            return f"the worker is retiring ({self.retiring}): ask another of its pool"
+        return None
+
+    async def _answer_recycle(self, frames: FrameStream, request_id: int) -> None:
+        refusal = self.recycle_refusal()
+        if refusal is None:
+            self._say(NOTICE_RECYCLE)  # before the answer: "accepted" means the pool has it
+        await _send_quietly(frames, Frame(Kind.RECYCLE, request_id,
+                                          envelope.encode_recycle_answer(refusal)))
+
+    async def watch_idle(self) -> None:
+        """Say :data:`NOTICE_IDLE` each time ``idle_timeout`` seconds pass without a call in
+        flight (counted from the last call's end, or the start), again every ``idle_timeout``
+        seconds while none comes, until the worker stops or retires. Does nothing until the
+        pool sets ``idle_timeout`` (a control line)."""
+        said_at = -math.inf
+        while not (self.stop.requested.is_set() or self.retiring is not None):
+            timeout = self.idle_timeout
+            if timeout is None:
+                await self._idle_changed.wait()
+                continue
+            if self.stop.in_flight:
+                await anyio.sleep(timeout)
+                continue
+            now = time.perf_counter()
+            left = max(self.stop.quiet_since, said_at) + timeout - now
+            if left <= 0:
+                said_at = now
+                self._say(NOTICE_IDLE)
+            else:
+                await anyio.sleep(left)
+
+    def _control(self, words: list[str]) -> bool:
+        """Apply one control line from the pool, other than a stop request; whether it was
+        one."""
+        if words == [SUPERVISED]:
+            self.supervised = True
+        elif words == [REPORT_CALL]:
+            self.report_call = True
+        elif len(words) == 2 and words[0] == IDLE_TIMEOUT:
+            try:
+                timeout = float(words[1])
+            except ValueError:
+                return False
+            if not (timeout > 0 and math.isfinite(timeout)):
+                return False
+            self.idle_timeout = timeout
+            self._idle_changed.set()
+        else:
+            return False
+        return True
+
     # -- control -------------------------------------------------------------------------------
 
     async def watch_stdin(self) -> None:
@@ -784,7 +882,7 @@ class Server:
                         self.stop.request(float(words[1]))
                     except ValueError:
                         log.warning("ignoring malformed control line %r", line)
-                elif words:
+                elif words and not self._control(words):
                     log.warning("ignoring unknown control line %r", line)
 
     async def watch_parent(self, pidfd: int) -> None:

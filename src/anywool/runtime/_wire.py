@@ -28,7 +28,9 @@ Per call the worker answers ``Ack (Return | Result* (Exception | End)) | Excepti
 * ``OUTPUT`` (worker → client) carries what the routine logged or printed while the call ran
   (see :mod:`anywool.runtime._output`); a call's output frames precede its last reply;
 * ``STATS`` asks a worker how it is doing (client → worker, with a call id of the client's
-  choosing, never a call's) and carries the answer back under the same id.
+  choosing, never a call's) and carries the answer back under the same id;
+* ``RECYCLE`` asks a worker's pool for a rolling restart of the workers it spawned (client →
+  worker, an id as for ``STATS``; the answer, accepted or refused, comes back under that id).
 
 How the bytes move. A frame is sent with one system call when the socket takes it at once: a
 small one (up to :data:`_JOIN_AT_MOST` bytes of payload) joined into one ``bytes`` with its
@@ -92,6 +94,7 @@ class Kind(enum.IntEnum):
     HELLO = 14
     OUTPUT = 15
     STATS = 16
+    RECYCLE = 17
 
 
 @dataclass(frozen=True, slots=True)

@@ -238,7 +238,9 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
 
     Retiring (see :meth:`Server.retire`), the worker writes ``retiring <reason>`` as a line
     on its original stdout (where its parent read the address, and goes on reading), and
-    waits to be stopped as ever.
+    waits to be stopped as ever. The pool that spawned it hears there, too, of the recycle
+    requests it passes on, its idleness and the call it was asked to report (see
+    :class:`Server`).
     """
     idle_timeout = idle_timeout_from_environment()
     listener, announced, owned, path = await _open_listener(address, home)
@@ -259,16 +261,20 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
             notices = os.dup(sys.stdout.fileno())  # stdout itself goes to stderr (below)
             os.set_inheritable(notices, False)
 
-            def say_retiring(reason: str) -> None:
+            def say(notice: str) -> None:
                 try:
-                    os.write(notices, f"{RETIRING}{reason}\n".encode())
+                    os.write(notices, f"{notice}\n".encode())
                 except OSError:  # our parent closed its end: it stops us anyway
                     pass
 
+            def say_retiring(reason: str) -> None:
+                say(f"{RETIRING}{reason}")
+
             worker = Server(str(announced), NestedProxies(main_tg, idle_timeout, str(announced)),
                              max_concurrency, control, max_calls=max_calls,
-                             on_retire=say_retiring)
+                             on_retire=say_retiring, notify=say)
             main_tg.start_soon(worker.watch_stdin)
+            main_tg.start_soon(worker.watch_idle)
             if lifeline is not None:
                 main_tg.start_soon(worker.watch_parent, lifeline.parent)
             # Before the worker announces itself: a stop signal from then on is never lost.
