@@ -241,3 +241,31 @@ async def test_a_pool_whose_template_cannot_start_starts_its_workers_itself(
                 [os.getpid()] * (CPUS + 1)
             assert len(await _serve_all(pool)) == CPUS + 1
     assert "no warm template (no pidfds here)" in caplog.text
+
+
+async def test_a_wedged_template_neither_hides_a_worker_end_nor_slows_the_exit(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # A template that stops (SIGSTOP, or so slow that it seems to) reaps nothing and says
+    # nothing: the pool still sees its forked workers end (on their pidfds, the code unknown),
+    # replaces them (as processes of their own, once the fork request times out), and stops
+    # the others at its exit without waiting out SIGTERM and SIGKILL for ends it cannot hear.
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=CPUS + 1, shutdown_timeout=1) as pool:
+            template = _template_pid(pool)
+            forked = [w.pid for w in pool.workers]
+            os.kill(template, signal.SIGSTOP)
+            try:
+                victim = pool.workers[0]
+                victim.kill()
+                with anyio.fail_after(20):
+                    assert await victim.wait() == UNKNOWN_CODE
+                await wait_until(lambda: len(pool.workers) == CPUS + 1
+                                 and victim.pid not in {w.pid for w in pool.workers},
+                                 "the dead worker to be replaced", timeout=30)
+                assert len(await _serve_all(pool)) == CPUS + 1
+            except BaseException:
+                os.kill(template, signal.SIGCONT)
+                raise
+    assert "survived SIGKILL" not in caplog.text
+    assert _gone(template)
+    assert all(_gone(pid) for pid in forked)

@@ -28,8 +28,8 @@ workers do not depend on it: their lifeline watches the pool through a pidfd the
 opened on it and they inherit (:mod:`anywool.runtime._lifeline`), and their stdin is the
 pool's pipe, so a pool that dies takes them along. The pool signals them through their pidfds
 (never another process, whoever reaps them) and learns their exit codes from the template. A
-worker that outlives the template is seen to end on its pidfd; its code is then unknown
-(:data:`UNKNOWN_CODE`).
+worker that outlives the template, or whose end a stopped or wedged template does not say, is
+seen to end on its pidfd; its code is then unknown (:data:`UNKNOWN_CODE`).
 
 Needs pidfds (Linux 5.3+); without them a pool starts its workers as processes of their own.
 """
@@ -74,6 +74,9 @@ _MAX_FDS = 4
 _MAX_FRAME = 16 << 20
 # How long the pool waits for a fork (seconds): a template that takes longer is wedged.
 _SPAWN_TIMEOUT = 5.0
+# Once a forked worker's pidfd says it ended: how long the template has to say its code
+# (seconds); a template that does not (stopped, wedged) leaves it unknown.
+_CODE_TIMEOUT = 2.0
 
 # What a worker imports before it serves (the rest is imported by what its routines run).
 # (shutil: argparse's help formatter imports it, for the terminal's size.)
@@ -235,17 +238,22 @@ class ForkedProcess:
             self.returncode = code
             pidfd, self._pidfd = self._pidfd, None
             if pidfd is not None:
+                anyio.notify_closing(pidfd)  # _watch may be waiting on it
                 os.close(pidfd)
             self._ended.set()
 
     async def _watch(self) -> None:
-        """Once the template is gone: wait for the end on the pidfd (the code is unknown)."""
+        """Wait for the end on the pidfd, then for the template to say the code, within
+        ``_CODE_TIMEOUT``: a template that has ended, or is stopped, or wedged, reaps nothing
+        and says nothing, and the end alone is known (the code is then unknown)."""
         pidfd = self._pidfd
         if pidfd is not None:
             try:
                 await anyio.wait_readable(pidfd)
             except anyio.ClosedResourceError:
-                return  # ended meanwhile
+                return  # its code was said meanwhile
+            with anyio.move_on_after(_CODE_TIMEOUT):
+                await self._ended.wait()
             self._exited(UNKNOWN_CODE)
 
     async def wait(self) -> int:
@@ -386,7 +394,8 @@ class Template:
     async def _read(self) -> None:
         """Route what the template says: a fork's reply to the request under way (the process
         recorded here, before any later frame, its exit say, is read), exits to their processes.
-        At its end (it died, or was closed) the workers left are watched on their pidfds."""
+        Each process is also watched on its pidfd (:meth:`ForkedProcess._watch`): its end is
+        seen even when the template says nothing (it died, or is stopped)."""
         frames = Frames()
         assert self._replies is not None
         replies = self._replies[0]
@@ -417,6 +426,8 @@ class Template:
                     if "forked" in message and len(fds) == 1 and pending is not None:
                         reply = ForkedProcess(int(message["forked"]), fds[0], *pending)
                         self._live[reply.pid] = reply
+                        assert self._tasks is not None  # this task runs in them
+                        self._tasks.start_soon(reply._watch)
                     else:
                         for fd in fds:
                             os.close(fd)
@@ -429,9 +440,6 @@ class Template:
             frames.close()
             self.ended = True
             replies.close()
-            if self._tasks is not None:
-                for child in self._live.values():
-                    self._tasks.start_soon(child._watch)
 
     async def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: str
                     ) -> ForkedProcess:
