@@ -5,6 +5,7 @@ processes, both backends."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -269,3 +270,39 @@ async def test_a_wedged_template_neither_hides_a_worker_end_nor_slows_the_exit(
     assert "survived SIGKILL" not in caplog.text
     assert _gone(template)
     assert all(_gone(pid) for pid in forked)
+
+
+async def test_a_template_that_does_not_answer_a_fork_in_time_is_killed() -> None:
+    # A fork request that timed out makes the template unusable, and it is killed: resumed, it
+    # would fork the request late (a worker nobody runs, started with the arguments of the one
+    # started instead, its socket directory included) and answer it, its answers taken for
+    # another request's, or left blocking what it says next. The workers it forked stay, and
+    # are seen to end on their pidfds.
+    with anyio.fail_after(60):
+        async with Template(current_backend(), 20) as template:
+            assert template._process is not None
+            pid = template._process.pid
+            keep = LocalWorker()
+            keep._template = template
+            async with keep:
+                os.kill(pid, signal.SIGSTOP)
+                try:
+                    late = [LocalWorker(), LocalWorker()]
+                    async with anyio.create_task_group() as tg:
+                        for worker in late:
+                            worker._template = template
+                            tg.start_soon(worker.__aenter__)
+                            # The second waits behind the first, whose request is sent.
+                            await wait_until(lambda: template._lock.locked(), "a fork request")
+                    assert template.ended
+                    # Both started as processes of their own once the first request timed out.
+                    assert [psutil.Process(w.pid).ppid() for w in late] == [os.getpid()] * 2
+                    await wait_until(lambda: _gone(pid), "the wedged template to be killed")
+                finally:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
+                for worker in late:
+                    await worker.stop(0)
+                keep.kill()
+                assert await keep.wait() == UNKNOWN_CODE
+

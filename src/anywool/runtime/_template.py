@@ -399,6 +399,7 @@ class Template:
         frames = Frames()
         assert self._replies is not None
         replies = self._replies[0]
+        warm = False
         try:
             while (ours := self._socket) is not None:
                 try:
@@ -423,6 +424,11 @@ class Template:
                         continue
                     reply: dict[str, Any] | ForkedProcess = message
                     pending, self._pending = self._pending, None
+                    if pending is None and warm:  # a late answer nobody waits for: never block
+                        for fd in fds:
+                            os.close(fd)
+                        continue
+                    warm = True  # (the first reply: the entry's)
                     if "forked" in message and len(fds) == 1 and pending is not None:
                         reply = ForkedProcess(int(message["forked"]), fds[0], *pending)
                         self._live[reply.pid] = reply
@@ -456,6 +462,8 @@ class Template:
         try:
             with anyio.fail_after(_SPAWN_TIMEOUT):
                 async with self._lock:
+                    if self.ended:  # while we waited for the lock
+                        raise TemplateUnavailable("it has ended")
                     self._pending = (stdin_w, stdout_r)
                     await self._send({"argv": list(argv), "env": dict(env), "cwd": cwd, "fds": 2},
                                      [stdin_r, stdout_w])
@@ -467,7 +475,7 @@ class Template:
                 return reply
             raise TemplateUnavailable(str(reply.get("failed", reply)))
         except TimeoutError:
-            self.ended = True  # wedged: no more requests
+            self._abandon()
             raise TemplateUnavailable(f"no answer within {_SPAWN_TIMEOUT} seconds") from None
         finally:
             os.close(stdin_r)
@@ -475,6 +483,17 @@ class Template:
             pending, self._pending = self._pending, None
             for fd in pending or ():  # not taken by a process
                 os.close(fd)
+
+    def _abandon(self) -> None:
+        """Wedged (stopped, or too slow): no more requests, and the template killed, so that
+        none is answered late: the late fork would be a worker nobody runs, started with the
+        arguments (the socket directory too) of the one started instead. The workers it forked
+        are watched on their pidfds; :meth:`_end` reaps it."""
+        self.ended = True
+        process = self._process
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
 
     async def _send(self, message: dict[str, Any], fds: Sequence[int]) -> None:
         ours = self._socket
