@@ -561,7 +561,10 @@ class WorkerPool(SingleUse):
                 self._template = template
                 task_status.started()
                 try:
-                    await self._workers_stopped.wait()
+                    # Shielded: the pool's cancellation (a deadline, a Ctrl-C) does not end it
+                    # while the workers it forked are being stopped (it says how they end).
+                    with anyio.CancelScope(shield=True):
+                        await self._workers_stopped.wait()
                 finally:
                     self._template = None
         except TemplateUnavailable as exc:

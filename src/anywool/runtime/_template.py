@@ -47,7 +47,7 @@ import signal
 import socket
 import struct
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -303,6 +303,8 @@ class Template:
         # Our ends of the pipes of the fork under way: the reader gives them to its process.
         self._pending: tuple[int, int] | None = None
         self._live: dict[int, ForkedProcess] = {}
+        # The scopes shielding this template's tasks (see _shielded): cancelled by _close only.
+        self._shields: set[anyio.CancelScope] = set()
         self.ended = False
 
     async def __aenter__(self) -> Template:
@@ -332,7 +334,7 @@ class Template:
         tasks = self._tasks = anyio.create_task_group()
         await tasks.__aenter__()
         try:
-            tasks.start_soon(self._read)
+            tasks.start_soon(self._shielded, self._read)
             with anyio.fail_after(self._startup_timeout):
                 message = await receive.receive()
             if isinstance(message, ForkedProcess) or "ready" not in message:
@@ -351,9 +353,22 @@ class Template:
     async def __aexit__(self, *exc_info: object) -> None:
         await self._close()
 
+    async def _shielded(self, task: Callable[[], Awaitable[None]]) -> None:
+        """Run ``task`` shielded from the caller's cancellation (the pool's, which cancels
+        the task group these tasks run in): what they hear (how workers end) is what the pool's
+        exit waits for; :meth:`_close` ends them."""
+        with anyio.CancelScope(shield=True) as scope:
+            self._shields.add(scope)
+            try:
+                await task()
+            finally:
+                self._shields.discard(scope)
+
     async def _close(self) -> None:
         with anyio.CancelScope(shield=True):
             await self._end()
+        for scope in list(self._shields):
+            scope.cancel()
         tasks, self._tasks = self._tasks, None
         if tasks is not None:  # exited where it was entered: outside the shield
             tasks.cancel_scope.cancel()
@@ -433,7 +448,7 @@ class Template:
                         reply = ForkedProcess(int(message["forked"]), fds[0], *pending)
                         self._live[reply.pid] = reply
                         assert self._tasks is not None  # this task runs in them
-                        self._tasks.start_soon(reply._watch)
+                        self._tasks.start_soon(self._shielded, reply._watch)
                     else:
                         for fd in fds:
                             os.close(fd)
