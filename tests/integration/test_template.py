@@ -324,3 +324,34 @@ async def test_a_cancelled_pool_stops_its_forked_workers_as_it_stops_any(
     assert _gone(template)
     assert all(_gone(pid) for pid in forked)
     assert set(os.listdir("/proc/self/fd")) <= fds
+
+
+@routine
+async def write_stderr(text: str) -> int:
+    os.write(2, text.encode())
+    return os.getppid()
+
+
+async def test_a_forked_worker_writes_to_the_stderr_its_pool_has_when_it_starts(
+        tmp_path: object) -> None:
+    # As a worker started as a process of its own does (it inherits the pool's descriptor 2
+    # as it is then), not to whatever the pool's stderr was when its template started.
+    import pathlib
+
+    log_file = pathlib.Path(str(tmp_path)) / "stderr"
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=1) as pool:
+            await pool.recycle()
+            await wait_until(lambda: pool._template is not None, "the template to be warm")
+            saved = os.dup(2)
+            try:
+                with open(log_file, "wb") as f:
+                    os.dup2(f.fileno(), 2)
+                try:
+                    await pool.recycle()
+                finally:
+                    os.dup2(saved, 2)
+            finally:
+                os.close(saved)
+            assert await write_stderr("to the new stderr\n") == _template_pid(pool)
+    assert "to the new stderr" in log_file.read_text()

@@ -17,7 +17,8 @@ pool holds. Frames both ways are a 4-byte big-endian length and a JSON object; d
 travel with a frame as ``SCM_RIGHTS``, and the frame's ``"fds"`` says how many:
 
 * pool → template: ``{"argv": [...], "env": {...}, "cwd": "..."}`` with the worker's stdin
-  (a pipe's read end) and stdout (a pipe's write end);
+  (a pipe's read end), stdout (a pipe's write end) and stderr (the pool's, as it is now: a
+  worker started as a process of its own inherits it so);
 * template → pool: ``{"ready": pid}`` once warm; ``{"forked": pid}`` with a pidfd of the child,
   or ``{"failed": why}``; ``{"exited": pid, "code": code}`` once it reaped a child (``code``
   as :attr:`subprocess.Popen.returncode`: negative for a signal).
@@ -68,7 +69,7 @@ UNKNOWN_CODE = 255
 PARENT_PIDFD_ENV = "ANYWOOL_WORKER_PARENT_PIDFD"
 
 _LENGTH = struct.Struct(">I")
-# The most descriptors one frame carries (a request: 2; a reply: 1).
+# The most descriptors one frame carries (a request: 3; a reply: 1).
 _MAX_FDS = 4
 # A frame larger than this is a broken peer (a request holds an environment: well below it).
 _MAX_FRAME = 16 << 20
@@ -480,8 +481,8 @@ class Template:
                     if self.ended:  # while we waited for the lock
                         raise TemplateUnavailable("it has ended")
                     self._pending = (stdin_w, stdout_r)
-                    await self._send({"argv": list(argv), "env": dict(env), "cwd": cwd, "fds": 2},
-                                     [stdin_r, stdout_w])
+                    await self._send({"argv": list(argv), "env": dict(env), "cwd": cwd, "fds": 3},
+                                     [stdin_r, stdout_w, 2])
                     try:
                         reply = await self._replies[1].receive()
                     except anyio.EndOfStream:
@@ -628,16 +629,18 @@ def _reap(control: socket.socket, live: set[int]) -> None:
 def _child(request: dict[str, Any], fds: list[int], close: tuple[Any, ...], pool: int
            ) -> list[str]:
     """In the forked child: become what ``python -m anywool.worker`` starts as; the worker's
-    arguments. ``fds`` are left to the caller to close, once duplicated onto stdin and stdout.
+    arguments. ``fds`` are left to the caller to close, once duplicated onto stdin, stdout and
+    stderr.
     Anything failing here ends the child, code 70."""
     try:
         os.setsid()  # as LocalWorker's start_new_session: a terminal's Ctrl-C is the pool's
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        stdin, stdout = fds
+        stdin, stdout, stderr = fds
         os.dup2(stdin, 0)
         os.dup2(stdout, 1)
+        os.dup2(stderr, 2)
         control, wake_r, wake_w = close
         control.close()
         os.close(wake_r)
