@@ -311,16 +311,21 @@ async def test_a_template_that_does_not_answer_a_fork_in_time_is_killed() -> Non
 async def test_a_cancelled_pool_stops_its_forked_workers_as_it_stops_any(
         caplog: pytest.LogCaptureFixture) -> None:
     # The pool's cancellation (a deadline, a Ctrl-C) reaches its template's tasks too: the
-    # template must still outlive the workers, and say how they end, while they are stopped.
+    # template must still outlive the workers, and say how they end, while they are stopped
+    # (SIGTERM first, as any worker: not SIGKILLed by the template's end).
     fds = set(os.listdir("/proc/self/fd"))
     with anyio.fail_after(60):
         with anyio.CancelScope() as scope:
             async with WorkerPool(spawn=CPUS + 1) as pool:
                 template = _template_pid(pool)
                 forked = [w.pid for w in pool.workers]
+                processes = [w._process for w in pool.workers]
                 scope.cancel()
                 await anyio.sleep_forever()
     assert "survived SIGKILL" not in caplog.text
+    codes = [p.returncode for p in processes if p is not None]
+    assert len(codes) == CPUS + 1
+    assert not {UNKNOWN_CODE, -signal.SIGKILL} & set(codes), codes
     assert _gone(template)
     assert all(_gone(pid) for pid in forked)
     assert set(os.listdir("/proc/self/fd")) <= fds
