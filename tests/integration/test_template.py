@@ -360,3 +360,15 @@ async def test_a_forked_worker_writes_to_the_stderr_its_pool_has_when_it_starts(
                 os.close(saved)
             assert await write_stderr("to the new stderr\n") == _template_pid(pool)
     assert "to the new stderr" in log_file.read_text()
+
+
+async def test_the_pool_block_exception_is_not_given_to_the_template_task_group(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The template's task group wraps no part of the pool's block: given the block's exception
+    # a task group re-raises it in a group (trio), and the pool's exit failed with it (a
+    # Ctrl-C then ended a script with an exception group, not as a Ctrl-C does).
+    with anyio.fail_after(60):
+        with pytest.raises(ValueError, match="mine"):
+            async with WorkerPool(spawn=1):
+                raise ValueError("mine")
+    assert "teardown failed" not in caplog.text
