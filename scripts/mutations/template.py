@@ -45,11 +45,41 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="template-dead-workers-never-seen-to-end",
         path=_TEMPLATE,
-        old="""                for child in self._live.values():
-                    self._tasks.start_soon(child._watch)""",
-        new="""                pass""",
-        tests=(f"{_TESTS}::test_a_dead_template_costs_only_speed",),
-        why="a worker that outlives the template is still seen to end, and replaced",
+        old="""                        self._tasks.start_soon(self._shielded, reply._watch)""",
+        new="""                        pass""",
+        tests=(f"{_TESTS}::test_a_dead_template_costs_only_speed",
+               f"{_TESTS}::test_a_wedged_template_neither_hides_a_worker_end_nor_slows_the_exit"),
+        why="a worker that outlives the template, or whose end it does not say, is still seen "
+            "to end, and replaced",
+    ),
+    Mutation(
+        name="template-wedged-left-running",
+        path=_TEMPLATE,
+        old="""            self._abandon()
+            raise TemplateUnavailable(f"no answer""",
+        new="""            self.ended = True
+            raise TemplateUnavailable(f"no answer""",
+        tests=(f"{_TESTS}::test_a_template_that_does_not_answer_a_fork_in_time_is_killed",),
+        why="a wedged template, resumed, would fork late a worker nobody runs",
+    ),
+    Mutation(
+        name="template-ended-by-the-pool-cancellation",
+        path=_POOL,
+        old="""                    with anyio.CancelScope(shield=True):
+                        await self._workers_stopped.wait()""",
+        new="""                    with anyio.CancelScope():
+                        await self._workers_stopped.wait()""",
+        tests=(f"{_TESTS}::test_a_cancelled_pool_stops_its_forked_workers_as_it_stops_any",),
+        why="the template outlives the workers it forked, a cancelled pool's too",
+    ),
+    Mutation(
+        name="template-stderr-of-its-start",
+        path=_TEMPLATE,
+        old="""        os.dup2(stderr, 2)
+""",
+        new="",
+        tests=(f"{_TESTS}::test_a_forked_worker_writes_to_the_stderr_its_pool_has_when_it_starts",),
+        why="a forked worker's stderr is the pool's as it is at the worker's start",
     ),
     Mutation(
         name="template-outlives-a-killed-pool",

@@ -5,6 +5,7 @@ processes, both backends."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -241,3 +242,133 @@ async def test_a_pool_whose_template_cannot_start_starts_its_workers_itself(
                 [os.getpid()] * (CPUS + 1)
             assert len(await _serve_all(pool)) == CPUS + 1
     assert "no warm template (no pidfds here)" in caplog.text
+
+
+async def test_a_wedged_template_neither_hides_a_worker_end_nor_slows_the_exit(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # A template that stops (SIGSTOP, or so slow that it seems to) reaps nothing and says
+    # nothing: the pool still sees its forked workers end (on their pidfds, the code unknown),
+    # replaces them (as processes of their own, once the fork request times out), and stops
+    # the others at its exit without waiting out SIGTERM and SIGKILL for ends it cannot hear.
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=CPUS + 1, shutdown_timeout=1) as pool:
+            template = _template_pid(pool)
+            forked = [w.pid for w in pool.workers]
+            os.kill(template, signal.SIGSTOP)
+            try:
+                victim = pool.workers[0]
+                victim.kill()
+                with anyio.fail_after(20):
+                    assert await victim.wait() == UNKNOWN_CODE
+                await wait_until(lambda: len(pool.workers) == CPUS + 1
+                                 and victim.pid not in {w.pid for w in pool.workers},
+                                 "the dead worker to be replaced", timeout=30)
+                assert len(await _serve_all(pool)) == CPUS + 1
+            except BaseException:
+                os.kill(template, signal.SIGCONT)
+                raise
+    assert "survived SIGKILL" not in caplog.text
+    assert _gone(template)
+    assert all(_gone(pid) for pid in forked)
+
+
+async def test_a_template_that_does_not_answer_a_fork_in_time_is_killed() -> None:
+    # A fork request that timed out makes the template unusable, and it is killed: resumed, it
+    # would fork the request late (a worker nobody runs, started with the arguments of the one
+    # started instead, its socket directory included) and answer it, its answers taken for
+    # another request's, or left blocking what it says next. The workers it forked stay, and
+    # are seen to end on their pidfds.
+    with anyio.fail_after(60):
+        async with Template(current_backend(), 20) as template:
+            assert template._process is not None
+            pid = template._process.pid
+            keep = LocalWorker()
+            keep._template = template
+            async with keep:
+                os.kill(pid, signal.SIGSTOP)
+                try:
+                    late = [LocalWorker(), LocalWorker()]
+                    async with anyio.create_task_group() as tg:
+                        for worker in late:
+                            worker._template = template
+                            tg.start_soon(worker.__aenter__)
+                            # The second waits behind the first, whose request is sent.
+                            await wait_until(lambda: template._lock.locked(), "a fork request")
+                    assert template.ended
+                    # Both started as processes of their own once the first request timed out.
+                    assert [psutil.Process(w.pid).ppid() for w in late] == [os.getpid()] * 2
+                    await wait_until(lambda: _gone(pid), "the wedged template to be killed")
+                finally:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
+                for worker in late:
+                    await worker.stop(0)
+                keep.kill()
+                assert await keep.wait() == UNKNOWN_CODE
+
+
+
+async def test_a_cancelled_pool_stops_its_forked_workers_as_it_stops_any(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The pool's cancellation (a deadline, a Ctrl-C) reaches its template's tasks too: the
+    # template must still outlive the workers, and say how they end, while they are stopped
+    # (SIGTERM first, as any worker: not SIGKILLed by the template's end).
+    fds = set(os.listdir("/proc/self/fd"))
+    with anyio.fail_after(60):
+        with anyio.CancelScope() as scope:
+            async with WorkerPool(spawn=CPUS + 1) as pool:
+                template = _template_pid(pool)
+                forked = [w.pid for w in pool.workers]
+                processes = [w._process for w in pool.workers]
+                scope.cancel()
+                await anyio.sleep_forever()
+    assert "survived SIGKILL" not in caplog.text
+    codes = [p.returncode for p in processes if p is not None]
+    assert len(codes) == CPUS + 1
+    assert not {UNKNOWN_CODE, -signal.SIGKILL} & set(codes), codes
+    assert _gone(template)
+    assert all(_gone(pid) for pid in forked)
+    assert set(os.listdir("/proc/self/fd")) <= fds
+
+
+@routine
+async def write_stderr(text: str) -> int:
+    os.write(2, text.encode())
+    return os.getppid()
+
+
+async def test_a_forked_worker_writes_to_the_stderr_its_pool_has_when_it_starts(
+        tmp_path: object) -> None:
+    # As a worker started as a process of its own does (it inherits the pool's descriptor 2
+    # as it is then), not to whatever the pool's stderr was when its template started.
+    import pathlib
+
+    log_file = pathlib.Path(str(tmp_path)) / "stderr"
+    with anyio.fail_after(60):
+        async with WorkerPool(spawn=1) as pool:
+            await pool.recycle()
+            await wait_until(lambda: pool._template is not None, "the template to be warm")
+            saved = os.dup(2)
+            try:
+                with open(log_file, "wb") as f:
+                    os.dup2(f.fileno(), 2)
+                try:
+                    await pool.recycle()
+                finally:
+                    os.dup2(saved, 2)
+            finally:
+                os.close(saved)
+            assert await write_stderr("to the new stderr\n") == _template_pid(pool)
+    assert "to the new stderr" in log_file.read_text()
+
+
+async def test_the_pool_block_exception_is_not_given_to_the_template_task_group(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The template's task group wraps no part of the pool's block: given the block's exception
+    # a task group re-raises it in a group (trio), and the pool's exit failed with it (a
+    # Ctrl-C then ended a script with an exception group, not as a Ctrl-C does).
+    with anyio.fail_after(60):
+        with pytest.raises(ValueError, match="mine"):
+            async with WorkerPool(spawn=1):
+                raise ValueError("mine")
+    assert "teardown failed" not in caplog.text

@@ -585,8 +585,13 @@ class WorkerPool(SingleUse):
         backend = self._backend or current_backend()
         # The warm template (see _template): its task group is entered before the supervisors,
         # so exited after them (the template outlives the workers it forked).
-        keeper = self._keeper = await stack.enter_async_context(anyio.create_task_group())
-        stack.callback(keeper.cancel_scope.cancel)  # a warm-up under way is not waited for
+        # Entered and exited as the supervisors are (exit_task_group): given the exception of
+        # the pool's block, a task group would re-raise it in a group (trio: a Ctrl-C's
+        # KeyboardInterrupt ended a script as an exception group, exit code 1).
+        keeper = self._keeper = anyio.create_task_group()
+        await keeper.__aenter__()
+        # Cancelled: a warm-up under way is not waited for.
+        stack.push_async_callback(exit_task_group, keeper)
         stack.callback(self._workers_stopped.set)
         # More workers than CPUs: forking them all from one warm interpreter beats starting as
         # many interpreters side by side. Otherwise those start faster side by side than after
@@ -638,7 +643,10 @@ class WorkerPool(SingleUse):
                 self._template = template
                 task_status.started()
                 try:
-                    await self._workers_stopped.wait()
+                    # Shielded: the pool's cancellation (a deadline, a Ctrl-C) does not end it
+                    # while the workers it forked are being stopped (it says how they end).
+                    with anyio.CancelScope(shield=True):
+                        await self._workers_stopped.wait()
                 finally:
                     self._template = None
         except TemplateUnavailable as exc:

@@ -17,7 +17,8 @@ pool holds. Frames both ways are a 4-byte big-endian length and a JSON object; d
 travel with a frame as ``SCM_RIGHTS``, and the frame's ``"fds"`` says how many:
 
 * pool → template: ``{"argv": [...], "env": {...}, "cwd": "..."}`` with the worker's stdin
-  (a pipe's read end) and stdout (a pipe's write end);
+  (a pipe's read end), stdout (a pipe's write end) and stderr (the pool's, as it is now: a
+  worker started as a process of its own inherits it so);
 * template → pool: ``{"ready": pid}`` once warm; ``{"forked": pid}`` with a pidfd of the child,
   or ``{"failed": why}``; ``{"exited": pid, "code": code}`` once it reaped a child (``code``
   as :attr:`subprocess.Popen.returncode`: negative for a signal).
@@ -28,8 +29,8 @@ workers do not depend on it: their lifeline watches the pool through a pidfd the
 opened on it and they inherit (:mod:`anywool.runtime._lifeline`), and their stdin is the
 pool's pipe, so a pool that dies takes them along. The pool signals them through their pidfds
 (never another process, whoever reaps them) and learns their exit codes from the template. A
-worker that outlives the template is seen to end on its pidfd; its code is then unknown
-(:data:`UNKNOWN_CODE`).
+worker that outlives the template, or whose end a stopped or wedged template does not say, is
+seen to end on its pidfd; its code is then unknown (:data:`UNKNOWN_CODE`).
 
 Needs pidfds (Linux 5.3+); without them a pool starts its workers as processes of their own.
 """
@@ -47,7 +48,7 @@ import signal
 import socket
 import struct
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -68,12 +69,15 @@ UNKNOWN_CODE = 255
 PARENT_PIDFD_ENV = "ANYWOOL_WORKER_PARENT_PIDFD"
 
 _LENGTH = struct.Struct(">I")
-# The most descriptors one frame carries (a request: 2; a reply: 1).
+# The most descriptors one frame carries (a request: 3; a reply: 1).
 _MAX_FDS = 4
 # A frame larger than this is a broken peer (a request holds an environment: well below it).
 _MAX_FRAME = 16 << 20
 # How long the pool waits for a fork (seconds): a template that takes longer is wedged.
 _SPAWN_TIMEOUT = 5.0
+# Once a forked worker's pidfd says it ended: how long the template has to say its code
+# (seconds); a template that does not (stopped, wedged) leaves it unknown.
+_CODE_TIMEOUT = 2.0
 
 # What a worker imports before it serves (the rest is imported by what its routines run).
 # (shutil: argparse's help formatter imports it, for the terminal's size.)
@@ -235,17 +239,22 @@ class ForkedProcess:
             self.returncode = code
             pidfd, self._pidfd = self._pidfd, None
             if pidfd is not None:
+                anyio.notify_closing(pidfd)  # _watch may be waiting on it
                 os.close(pidfd)
             self._ended.set()
 
     async def _watch(self) -> None:
-        """Once the template is gone: wait for the end on the pidfd (the code is unknown)."""
+        """Wait for the end on the pidfd, then for the template to say the code, within
+        ``_CODE_TIMEOUT``: a template that has ended, or is stopped, or wedged, reaps nothing
+        and says nothing, and the end alone is known (the code is then unknown)."""
         pidfd = self._pidfd
         if pidfd is not None:
             try:
                 await anyio.wait_readable(pidfd)
             except anyio.ClosedResourceError:
-                return  # ended meanwhile
+                return  # its code was said meanwhile
+            with anyio.move_on_after(_CODE_TIMEOUT):
+                await self._ended.wait()
             self._exited(UNKNOWN_CODE)
 
     async def wait(self) -> int:
@@ -295,6 +304,8 @@ class Template:
         # Our ends of the pipes of the fork under way: the reader gives them to its process.
         self._pending: tuple[int, int] | None = None
         self._live: dict[int, ForkedProcess] = {}
+        # The scopes shielding this template's tasks (see _shielded): cancelled by _close only.
+        self._shields: set[anyio.CancelScope] = set()
         self.ended = False
 
     async def __aenter__(self) -> Template:
@@ -324,7 +335,7 @@ class Template:
         tasks = self._tasks = anyio.create_task_group()
         await tasks.__aenter__()
         try:
-            tasks.start_soon(self._read)
+            tasks.start_soon(self._shielded, self._read)
             with anyio.fail_after(self._startup_timeout):
                 message = await receive.receive()
             if isinstance(message, ForkedProcess) or "ready" not in message:
@@ -343,9 +354,22 @@ class Template:
     async def __aexit__(self, *exc_info: object) -> None:
         await self._close()
 
+    async def _shielded(self, task: Callable[[], Awaitable[None]]) -> None:
+        """Run ``task`` shielded from the caller's cancellation (the pool's, which cancels
+        the task group these tasks run in): what they hear (how workers end) is what the pool's
+        exit waits for; :meth:`_close` ends them."""
+        with anyio.CancelScope(shield=True) as scope:
+            self._shields.add(scope)
+            try:
+                await task()
+            finally:
+                self._shields.discard(scope)
+
     async def _close(self) -> None:
         with anyio.CancelScope(shield=True):
             await self._end()
+        for scope in list(self._shields):
+            scope.cancel()
         tasks, self._tasks = self._tasks, None
         if tasks is not None:  # exited where it was entered: outside the shield
             tasks.cancel_scope.cancel()
@@ -386,10 +410,12 @@ class Template:
     async def _read(self) -> None:
         """Route what the template says: a fork's reply to the request under way (the process
         recorded here, before any later frame, its exit say, is read), exits to their processes.
-        At its end (it died, or was closed) the workers left are watched on their pidfds."""
+        Each process is also watched on its pidfd (:meth:`ForkedProcess._watch`): its end is
+        seen even when the template says nothing (it died, or is stopped)."""
         frames = Frames()
         assert self._replies is not None
         replies = self._replies[0]
+        warm = False
         try:
             while (ours := self._socket) is not None:
                 try:
@@ -414,9 +440,16 @@ class Template:
                         continue
                     reply: dict[str, Any] | ForkedProcess = message
                     pending, self._pending = self._pending, None
+                    if pending is None and warm:  # a late answer nobody waits for: never block
+                        for fd in fds:
+                            os.close(fd)
+                        continue
+                    warm = True  # (the first reply: the entry's)
                     if "forked" in message and len(fds) == 1 and pending is not None:
                         reply = ForkedProcess(int(message["forked"]), fds[0], *pending)
                         self._live[reply.pid] = reply
+                        assert self._tasks is not None  # this task runs in them
+                        self._tasks.start_soon(self._shielded, reply._watch)
                     else:
                         for fd in fds:
                             os.close(fd)
@@ -429,9 +462,6 @@ class Template:
             frames.close()
             self.ended = True
             replies.close()
-            if self._tasks is not None:
-                for child in self._live.values():
-                    self._tasks.start_soon(child._watch)
 
     async def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: str
                     ) -> ForkedProcess:
@@ -448,9 +478,11 @@ class Template:
         try:
             with anyio.fail_after(_SPAWN_TIMEOUT):
                 async with self._lock:
+                    if self.ended:  # while we waited for the lock
+                        raise TemplateUnavailable("it has ended")
                     self._pending = (stdin_w, stdout_r)
-                    await self._send({"argv": list(argv), "env": dict(env), "cwd": cwd, "fds": 2},
-                                     [stdin_r, stdout_w])
+                    await self._send({"argv": list(argv), "env": dict(env), "cwd": cwd, "fds": 3},
+                                     [stdin_r, stdout_w, 2])
                     try:
                         reply = await self._replies[1].receive()
                     except anyio.EndOfStream:
@@ -459,7 +491,7 @@ class Template:
                 return reply
             raise TemplateUnavailable(str(reply.get("failed", reply)))
         except TimeoutError:
-            self.ended = True  # wedged: no more requests
+            self._abandon()
             raise TemplateUnavailable(f"no answer within {_SPAWN_TIMEOUT} seconds") from None
         finally:
             os.close(stdin_r)
@@ -467,6 +499,17 @@ class Template:
             pending, self._pending = self._pending, None
             for fd in pending or ():  # not taken by a process
                 os.close(fd)
+
+    def _abandon(self) -> None:
+        """Wedged (stopped, or too slow): no more requests, and the template killed, so that
+        none is answered late: the late fork would be a worker nobody runs, started with the
+        arguments (the socket directory too) of the one started instead. The workers it forked
+        are watched on their pidfds; :meth:`_end` reaps it."""
+        self.ended = True
+        process = self._process
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
 
     async def _send(self, message: dict[str, Any], fds: Sequence[int]) -> None:
         ours = self._socket
@@ -586,16 +629,18 @@ def _reap(control: socket.socket, live: set[int]) -> None:
 def _child(request: dict[str, Any], fds: list[int], close: tuple[Any, ...], pool: int
            ) -> list[str]:
     """In the forked child: become what ``python -m anywool.worker`` starts as; the worker's
-    arguments. ``fds`` are left to the caller to close, once duplicated onto stdin and stdout.
+    arguments. ``fds`` are left to the caller to close, once duplicated onto stdin, stdout and
+    stderr.
     Anything failing here ends the child, code 70."""
     try:
         os.setsid()  # as LocalWorker's start_new_session: a terminal's Ctrl-C is the pool's
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        stdin, stdout = fds
+        stdin, stdout, stderr = fds
         os.dup2(stdin, 0)
         os.dup2(stdout, 1)
+        os.dup2(stderr, 2)
         control, wake_r, wake_w = close
         control.close()
         os.close(wake_r)
