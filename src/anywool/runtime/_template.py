@@ -156,12 +156,23 @@ class TemplateUnavailable(Exception):
     """The template cannot fork a worker (it failed to start, or ended): start it directly."""
 
 
-class _PipeSend(anyio.abc.ByteSendStream):
-    """Our end of a worker's stdin (a pipe's write end, non-blocking)."""
+class _PipeEnd:
+    """Our end of a pipe to a worker (non-blocking from here on), closed once."""
 
     def __init__(self, fd: int) -> None:
         os.set_blocking(fd, False)
         self._fd: int | None = fd
+
+    async def aclose(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            anyio.notify_closing(fd)  # a task waiting on it gets ClosedResourceError
+            os.close(fd)
+        await anyio.lowlevel.checkpoint()
+
+
+class _PipeSend(_PipeEnd, anyio.abc.ByteSendStream):
+    """Our end of a worker's stdin (a pipe's write end)."""
 
     async def send(self, item: bytes) -> None:
         view = memoryview(item)
@@ -180,20 +191,9 @@ class _PipeSend(anyio.abc.ByteSendStream):
     async def send_eof(self) -> None:
         await self.aclose()
 
-    async def aclose(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            anyio.notify_closing(fd)
-            os.close(fd)
-        await anyio.lowlevel.checkpoint()
 
-
-class _PipeReceive(anyio.abc.ByteReceiveStream):
-    """Our end of a worker's stdout (a pipe's read end, non-blocking)."""
-
-    def __init__(self, fd: int) -> None:
-        os.set_blocking(fd, False)
-        self._fd: int | None = fd
+class _PipeReceive(_PipeEnd, anyio.abc.ByteReceiveStream):
+    """Our end of a worker's stdout (a pipe's read end)."""
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         while True:
@@ -209,13 +209,6 @@ class _PipeReceive(anyio.abc.ByteReceiveStream):
                 raise anyio.EndOfStream
             await anyio.lowlevel.checkpoint_if_cancelled()
             return data
-
-    async def aclose(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            anyio.notify_closing(fd)
-            os.close(fd)
-        await anyio.lowlevel.checkpoint()
 
 
 class ForkedProcess:
