@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _harness
+
 HERE = Path(__file__).resolve().parent
 CPUS = os.cpu_count() or 1
 LARGE = 4 * CPUS
@@ -220,11 +222,19 @@ def main() -> int:
         _child(*options.child)
         return 0
     backends = ["asyncio", "trio"] if options.backend == "both" else [options.backend]
-    env = dict(os.environ)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)  # workers start from bytecode, as installed
+    with _harness.private_runtime("awlc-", {"ANYWOOL_RUNTIME_DIR": "."}):
+        env = dict(os.environ)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)  # workers start from bytecode, as installed
+        runs, loads = _measure(backends, options.repeat, env)
+    _report(backends, runs, loads, options)
+    return 0
+
+
+def _measure(backends: list[str], repeat: int, env: dict[str, str]
+             ) -> tuple[dict[tuple[str, str, str], list[dict[str, Any]]], list[float]]:
     runs: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     loads = []
-    for round_ in range(options.repeat):
+    for round_ in range(repeat):
         plan = _plan(backends)
         random.Random(round_).shuffle(plan)  # no configuration always after the same one
         for key in plan:
@@ -235,6 +245,11 @@ def main() -> int:
                 print(f"{key}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
                 continue
             runs.setdefault(key, []).append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return runs, loads
+
+
+def _report(backends: list[str], runs: dict[tuple[str, str, str], list[dict[str, Any]]],
+            loads: list[float], options: argparse.Namespace) -> None:
     medians = {key: {name: statistics.median(r[name] for r in results)
                      for name in results[0]} for key, results in runs.items()}
     for backend in backends:
@@ -267,7 +282,6 @@ def main() -> int:
     if options.json:
         options.json.write_text(json.dumps(
             {" ".join(key): value for key, value in medians.items()}, indent=1))
-    return 0
 
 
 if __name__ == "__main__":
