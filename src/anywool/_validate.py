@@ -7,6 +7,7 @@ range, naming the parameter and the value, and returns the value normalised.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable
 
 #: The longest duration any parameter accepts (one week): longer ones are mistakes, and some
@@ -76,8 +77,22 @@ def tag_set(name: str, value: Iterable[str]) -> frozenset[str]:
     return frozenset(items)
 
 
+def _missing(module: str) -> bool:
+    import importlib.util  # here: a worker's start-up imports this module, and never asks
+
+    return importlib.util.find_spec(module) is None
+
+
 def backend(value: object) -> str | None:
-    """``None``, ``"asyncio"`` or ``"trio"``."""
+    """``None``, ``"asyncio"`` or ``"trio"``.
+
+    :raises ValueError: another value.
+    :raises ImportError: ``"trio"`` where trio is not installed (it is the ``anywool[trio]``
+        extra: a plain ``pip install anywool`` does not bring it).
+    """
     if value not in (None, "asyncio", "trio"):
         raise ValueError(f"backend must be None, 'asyncio' or 'trio', got {value!r}")
+    if value == "trio" and "trio" not in sys.modules and _missing("trio"):
+        raise ImportError("backend='trio' needs trio, which is not installed here: "
+                          "pip install 'anywool[trio]'", name="trio")
     return value  # type: ignore[return-value]

@@ -54,3 +54,21 @@ def test_pool_uri_tags_name_the_parameter() -> None:
 def test_resolved_checks_expect_at_once(expect: object) -> None:
     with pytest.raises(TypeError, match="expect must be a type or a non-empty tuple of types"):
         resolved(object(), expect=expect)  # type: ignore[call-overload]
+
+
+def test_the_trio_backend_without_trio_names_the_extra_to_install(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from anywool import _validate
+    from anywool.runtime._local_worker import LocalWorker
+
+    assert _validate._missing("anywool_has_no_such_module") and not _validate._missing("anyio")
+    # As where trio is not installed (restored after the test).
+    monkeypatch.delitem(sys.modules, "trio", raising=False)
+    monkeypatch.setattr(_validate, "_missing", lambda module: module == "trio")
+    for make in (lambda: WorkerPool(spawn=1, backend="trio"),
+                 lambda: LocalWorker(backend="trio")):
+        with pytest.raises(ImportError, match=r"backend='trio' needs trio.*anywool\[trio\]"):
+            make()
+    assert _validate.backend("asyncio") == "asyncio"  # asyncio needs nothing more
