@@ -41,9 +41,9 @@ from uuid import UUID
 import anyio
 import click
 
-from anywool.cli._etcd_ops import cluster_for_reading, etcd_options
-from anywool.cli._ops import runtime_dir_option, runtime_root, short, where
-from anywool.cli._top_command import _Source
+from anywool.cli._etcd_ops import etcd_options
+from anywool.cli._ops import runtime_dir_option, short
+from anywool.cli._top_command import _Source, credentials_for, source_for
 from anywool.errors import AuthenticationError, WorkerError
 from anywool.metadata import WorkerMetadata
 from anywool.runtime import _auth
@@ -94,29 +94,11 @@ def recycle(namespace: str, timeout: float, connect_timeout: float, secret_file:
     line per change. Exit 0 when every host is done; 1 on a refusal, a failed authentication, a
     host not done within --timeout seconds, or no namespace NAMESPACE.
     """
-    from anywool.cli._worker_command import _read_secret
+    from anywool.cli._worker_command import _read_secret, _read_tls
 
-    secret = _read_secret(secret_file)
-    tls = None
-    if tls_cert or tls_key or tls_ca:
-        if not (tls_cert and tls_ca):
-            raise click.UsageError("mutual TLS needs --tls-cert and --tls-ca")
-        try:
-            tls = _auth.MutualTLS(tls_cert, tls_key, cafile=tls_ca)
-        except (TypeError, ValueError) as exc:
-            raise click.UsageError(str(exc)) from None
-    try:
-        credentials = _auth.Credentials.resolve(secret, tls)
-    except ValueError as exc:  # $ANYWOOL_SECRET too short
-        raise click.UsageError(str(exc)) from None
-    cluster = cluster_for_reading(runtime_dir, etcd)
-    root: Path | None = None
-    if cluster is None:
-        root, exists = runtime_root(runtime_dir)
-        if not exists:
-            raise click.ClickException(f"no generation of namespace {namespace!r} in "
-                                       f"{where(root)}")
-    source = _Source(namespace, cluster, root, runtime_dir)
+    credentials = credentials_for(_read_secret(secret_file),
+                                  _read_tls(tls_cert, tls_key, tls_ca))
+    source = source_for(namespace, runtime_dir, etcd)
     failure = anyio.run(partial(_run, source, credentials, timeout, connect_timeout),
                         backend="asyncio")
     if failure is not None:

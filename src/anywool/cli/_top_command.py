@@ -102,19 +102,8 @@ def top(namespace: str, interval: float, timeout: float, once: bool, secret_file
     """
     from anywool.cli._worker_command import _read_secret
 
-    secret = _read_secret(secret_file)
-    try:
-        credentials = _auth.Credentials.resolve(secret, None)
-    except ValueError as exc:  # $ANYWOOL_SECRET too short
-        raise click.UsageError(str(exc)) from None
-    cluster = cluster_for_reading(runtime_dir, etcd)
-    root: Path | None = None
-    if cluster is None:
-        root, exists = runtime_root(runtime_dir)
-        if not exists:
-            raise click.ClickException(f"no generation of namespace {namespace!r} in "
-                                       f"{where(root)}")
-    source = _Source(namespace, cluster, root, runtime_dir)
+    credentials = credentials_for(_read_secret(secret_file), None)
+    source = source_for(namespace, runtime_dir, etcd)
     out = console()
     if not out.is_terminal:
         out.width = _PIPED_WIDTH
@@ -125,6 +114,36 @@ def top(namespace: str, interval: float, timeout: float, once: bool, secret_file
         return  # Ctrl-C: the live view ends
     if failure is not None:
         raise click.ClickException(failure)
+
+
+
+
+def credentials_for(secret: bytes | None, tls: _auth.MutualTLS | None
+                    ) -> _auth.Credentials | None:
+    """The credentials to reach a namespace's workers with (``$ANYWOOL_SECRET`` by default).
+
+    :raises click.UsageError: the secret is too short.
+    """
+    try:
+        return _auth.Credentials.resolve(secret, tls)
+    except ValueError as exc:  # $ANYWOOL_SECRET too short
+        raise click.UsageError(str(exc)) from None
+
+
+def source_for(namespace: str, runtime_dir: str | None, etcd: dict[str, Any]) -> _Source:
+    """Where ``namespace``'s workers are read from: its etcd cluster, or this host's runtime
+    directory.
+
+    :raises click.ClickException: the runtime directory has no such namespace.
+    """
+    cluster = cluster_for_reading(runtime_dir, etcd)
+    root: Path | None = None
+    if cluster is None:
+        root, exists = runtime_root(runtime_dir)
+        if not exists:
+            raise click.ClickException(f"no generation of namespace {namespace!r} in "
+                                       f"{where(root)}")
+    return _Source(namespace, cluster, root, runtime_dir)
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,22 @@ def _say(line: str) -> None:
     sys.stdout.flush()
 
 
+def _read_tls(tls_cert: str | None, tls_key: str | None, tls_ca: str | None
+              ) -> MutualTLS | None:
+    """The mutual TLS the --tls-* options give (``None``: none given).
+
+    :raises click.UsageError: --tls-cert or --tls-ca missing, or the files are unusable.
+    """
+    if not (tls_cert or tls_key or tls_ca):
+        return None
+    if not (tls_cert and tls_ca):
+        raise click.UsageError("mutual TLS needs --tls-cert and --tls-ca")
+    try:
+        return MutualTLS(tls_cert, tls_key, cafile=tls_ca)
+    except (TypeError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from None
+
+
 def _read_secret(path: Path | None) -> bytes | None:
     """The secret in ``path``: its bytes without surrounding whitespace (what an editor or
     ``echo`` leaves at the end is not part of it). Refused when others may read the file."""
@@ -181,14 +197,7 @@ def worker(discovery: str, namespace: str, workers: int, host: str | None,
         raise click.UsageError("--secret-file and --tls-* are for workers on TCP: add --host "
                                "(with --discovery local, workers use Unix sockets otherwise)")
     secret = _read_secret(secret_file)
-    tls = None
-    if tls_cert or tls_key or tls_ca:
-        if not (tls_cert and tls_ca):
-            raise click.UsageError("mutual TLS needs --tls-cert and --tls-ca")
-        try:
-            tls = MutualTLS(tls_cert, tls_key, cafile=tls_ca)
-        except (TypeError, ValueError) as exc:
-            raise click.UsageError(str(exc)) from None
+    tls = _read_tls(tls_cert, tls_key, tls_ca)
     if host and secret is None and tls is None and not os.environ.get(_secret.ENV):
         raise click.UsageError(
             "workers on TCP accept only peers that authenticate: pass --secret-file (a file of "
