@@ -1,6 +1,6 @@
 # Both entry points bootstrap .venv on a fresh machine, then run.
 PYTHON ?= python3
-VENV := .venv
+VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Tests mostly wait on processes and locks: three workers keep both cores busy.
