@@ -31,6 +31,8 @@ from typing import Any
 
 import anyio
 
+from anywool._duration import seconds
+
 
 async def graceful_then_forceful(
     graceful: Callable[[], Awaitable[object]],
@@ -64,7 +66,7 @@ async def graceful_then_forceful(
                 with anyio.fail_after(bound):
                     await graceful()
         except TimeoutError:
-            log.warning("%s: timed out (bound: %s seconds); finishing forcefully", what, timeout,
+            log.warning("%s: timed out (bound: %s); finishing forcefully", what, seconds(timeout),
                         exc_info=True)
         except anyio.get_cancelled_exc_class():
             raise
@@ -77,8 +79,8 @@ async def graceful_then_forceful(
             except Exception:
                 log.exception("%s: the forceful part failed", what)
         if scope.cancelled_caught:
-            log.error("%s: the forceful part did not finish within %s seconds", what,
-                      forceful_timeout)
+            log.error("%s: the forceful part did not finish within %s", what,
+                      seconds(forceful_timeout))
 
 
 class Budget:

@@ -58,7 +58,7 @@ anyio.run(main, sys.argv[1], int(sys.argv[2]), sys.argv[3])
 def _environment(runtime_dir: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["COLUMNS"] = "200"  # rich's width off a terminal: tables wide enough to read
+    env.pop("COLUMNS", None)  # off a terminal the commands choose their own width
     if runtime_dir is not None:
         env["ANYWOOL_RUNTIME_DIR"] = runtime_dir
     return env
@@ -168,6 +168,19 @@ async def test_ls_and_show_a_live_owner_its_workers_and_a_sigkilled_publisher(
                 assert "3 workers · leases 1 alive, 1 dead" in page
                 assert f"{theirs['lease'][:8]} dead" in page
                 assert f"{mine['lease'][:8]} alive" in page
+
+
+async def test_piped_tables_keep_each_worker_on_one_line(namespace: str) -> None:
+    # Off a terminal rich would fold at 80 columns, splitting an address over lines that
+    # grep and awk then read apart.
+    address = "unix:/tmp/" + "d" * 120 + "/worker.sock"
+    with anyio.fail_after(30):
+        async with LocalDiscovery(namespace) as owner, owner.publisher as publisher:
+            metadata = worker(address, tags={"gpu", "fast"})
+            await publisher.publish("worker-added", metadata)
+            page = await human("show", namespace)
+    (row,) = [line for line in page.splitlines() if metadata.uid.hex[:8] in line]
+    assert address in row and str(os.getpid()) in row and "fast, gpu" in row
 
 
 async def test_a_sigkilled_owner_is_listed_dead_and_reclaimed(namespace: str,

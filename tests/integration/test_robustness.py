@@ -362,7 +362,7 @@ async def test_a_stream_slow_to_close_does_not_stretch_the_stop(
         caplog: pytest.LogCaptureFixture) -> None:
     # Suspended at a yield when its worker stops: the close the worker runs itself gets what
     # the stop gives its cancelled calls, not a budget of its own that outlasts the stop (5 s,
-    # against the grace plus 2.5 s its parent waits).
+    # against the grace plus 3.5 s its parent waits).
     with anyio.fail_after(30):
         async with LocalWorker() as worker:
             stream = await anyio.connect_unix(worker.address.removeprefix("unix:"))

@@ -12,7 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _pyright(*paths: str) -> list[dict]:
     result = subprocess.run(
-        [sys.executable, "-m", "pyright", "--outputjson", *paths],
+        # The interpreter running the suite is the one to check against (3.11, 3.12 or 3.13,
+        # each with its own venv), not the one pyproject names for editors.
+        [sys.executable, "-m", "pyright", "--outputjson", "--pythonpath", sys.executable, *paths],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     report = json.loads(result.stdout)

@@ -180,8 +180,18 @@ class _Console(Console):
         raise BrokenPipeError
 
 
+#: Width of the console off a terminal: a pipe or a file has no width, and rich's default of
+#: 80 columns would fold an address over lines that ``grep`` and ``awk`` then read apart.
+PIPED_WIDTH = 1 << 12
+
+
 def console() -> Console:
-    return _Console(highlight=False)
+    """The console a command prints to: the terminal's width on a terminal, else so wide that
+    no row of a table wraps (rows are not padded to it)."""
+    out = _Console(highlight=False)
+    if not out.is_terminal:
+        out.width = PIPED_WIDTH
+    return out
 
 
 # -- JSON documents ------------------------------------------------------------------------------

@@ -66,9 +66,6 @@ from anywool.runtime._wire import FrameError
 
 __all__ = ["top"]
 
-#: Width of the console off a terminal: wide enough that no row wraps (issue 25).
-_PIPED_WIDTH = 1 << 12
-
 
 def _seconds(param: click.Parameter, value: float) -> float:
     """``value`` unless NaN, which ``FloatRange`` lets through (every comparison is false)."""
@@ -105,8 +102,6 @@ def top(namespace: str, interval: float, timeout: float, once: bool, secret_file
     credentials = credentials_for(_read_secret(secret_file), None)
     source = source_for(namespace, runtime_dir, etcd)
     out = console()
-    if not out.is_terminal:
-        out.width = _PIPED_WIDTH
     try:
         failure = anyio.run(partial(_run, source, credentials, interval, timeout,
                                     once or as_json, as_json, out), backend="asyncio")

@@ -31,6 +31,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from anywool import _secret, _validate
 from anywool._address import Address
+from anywool._duration import seconds
 from anywool._owner import SingleUse
 from anywool._teardown import graceful_then_forceful
 from anywool.errors import WorkerError
@@ -54,8 +55,12 @@ log = logging.getLogger(__name__)
 
 # After the grace period: how long SIGTERM, then SIGKILL, get to end the process (seconds).
 _TERM_TIMEOUT = 3.0
-# Beyond a stopping worker's grace and its STOP_TAIL: the exit of its interpreter.
-_STOP_MARGIN = 0.5
+# Beyond a stopping worker's grace and its STOP_TAIL: the exit of its interpreter and, for a
+# worker forked from the template, the template reaping it and reporting its code. Idle, that
+# is 0.05-0.2 s; on a loaded two-core machine (the suite under 3.13) it once passed 0.5 s, and
+# a worker that was about to exit by itself got SIGTERM. The margin only delays the SIGTERM of
+# a worker that is really stuck.
+_STOP_MARGIN = 1.5
 _KILL_TIMEOUT = 5.0
 
 
@@ -513,8 +518,8 @@ class LocalWorker(SingleUse):
                 with anyio.move_on_after(timeout):
                     await process.wait()
             if process.returncode is None:
-                log.error("worker pid %s survived SIGKILL for %s seconds", process.pid,
-                          _KILL_TIMEOUT)
+                log.error("worker pid %s survived SIGKILL for %s", process.pid,
+                          seconds(_KILL_TIMEOUT))
         finally:
             with anyio.move_on_after(1.0):
                 await process.aclose()

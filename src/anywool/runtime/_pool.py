@@ -34,6 +34,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from anywool import _validate
+from anywool._duration import seconds
 from anywool._owner import SingleUse, exit_task_group
 from anywool._teardown import Budget, ExitWithin
 from anywool.discovery import DiscoveryLike, DiscoveryPublisherLike, DiscoverySubscriberLike
@@ -800,8 +801,8 @@ class WorkerPool(SingleUse):
         replacement: LocalWorker | None = None
         failure: BaseException | str = ""
         if not replace:
-            log.info("worker pid %s was idle for %s s; retiring it (%d workers left)",
-                     worker.pid, self._idle_timeout, self._slots)
+            log.info("worker pid %s was idle for %s; retiring it (%d workers left)",
+                     worker.pid, seconds(self._idle_timeout), self._slots)
         else:
             log.info("worker pid %s %s; replacing it", worker.pid, reason)
             async with anyio.create_task_group() as notices:
@@ -1052,8 +1053,8 @@ class WorkerPool(SingleUse):
                         for worker in list(self._workers):
                             await publisher.publish("worker-dropped", worker.metadata)
             except TimeoutError:
-                log.warning("announcing the dropped workers of %r gave up after %s seconds; "
-                            "stopping them anyway", self, self._announce_timeout, exc_info=True)
+                log.warning("announcing the dropped workers of %r gave up after %s; "
+                            "stopping them anyway", self, seconds(self._announce_timeout), exc_info=True)
             except Exception:
                 log.warning("announcing the dropped workers of %r failed; stopping them anyway",
                             self, exc_info=True)

@@ -29,6 +29,7 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from anywool import _validate
+from anywool._duration import seconds
 from anywool._owner import SingleUse, exit_task_group
 from anywool.discovery import DiscoveryEvent, DiscoverySubscriberLike, afilter
 from anywool.errors import AuthenticationError, NoWorkersAvailable, WorkerError
@@ -560,9 +561,9 @@ class WorkerProxy(SingleUse):
         entry = self._ready.get(uid)
         if admitted is None or entry is None:
             return  # out of the choice already (lost, dropped, reconnecting)
-        log.warning("worker %s did not take a cancellation within %s s: left out of the "
+        log.warning("worker %s did not take a cancellation within %s: left out of the "
                     "choice of workers until it answers again", admitted.metadata.address,
-                    self._cancel_grace)
+                    seconds(self._cancel_grace))
         self._unready(uid, entry[1])
         admitted.wakeup.set()  # its connection closes; reconnected, with back-off
 

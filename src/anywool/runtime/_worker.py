@@ -69,6 +69,7 @@ from anyio.streams.stapled import MultiListener
 
 from anywool import _interfaces, _secret
 from anywool._address import Address
+from anywool._duration import seconds
 from anywool._errno import exhausted
 from anywool.runtime import (
     _interrupt,
@@ -191,8 +192,8 @@ async def _accept(listener: SocketListener,
             if not exhausted(cause):
                 raise
             if not warned:
-                log.warning("cannot accept a connection (%s); trying again every %s s",
-                            cause, _ACCEPT_BACKOFF)
+                log.warning("cannot accept a connection (%s); trying again every %s",
+                            cause, seconds(_ACCEPT_BACKOFF))
                 warned = True
             await anyio.sleep(_ACCEPT_BACKOFF)
             continue

@@ -27,6 +27,8 @@ import anyio
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from anywool._duration import seconds
+
 log = logging.getLogger("anywool.testing")
 
 _MAX_SPAWN = 1024  # anywool.runtime._pool.MAX_SPAWN, without importing the runtime
@@ -166,7 +168,7 @@ async def _stop(process: Process, what: str, timeout: float) -> None:
             with anyio.move_on_after(_KILL_TIMEOUT):
                 await process.wait()
             if process.returncode is None:
-                log.error("%s survived SIGKILL for %s s", what, _KILL_TIMEOUT)
+                log.error("%s survived SIGKILL for %s", what, seconds(_KILL_TIMEOUT))
         with suppress(Exception):
             await process.aclose()
 

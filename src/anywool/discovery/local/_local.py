@@ -32,6 +32,7 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from anywool import _runtime_dir, _validate
+from anywool._duration import seconds
 from anywool._owner import SingleUse, exit_task_group
 from anywool._teardown import graceful_then_forceful
 from anywool.discovery import _hub
@@ -288,8 +289,8 @@ class LocalDiscovery(Discovery, SingleUse):
             except Exception as exc:  # logged once per kind of failure, not every round
                 if repr(exc) != last_failure:
                     last_failure = repr(exc)
-                    log.warning("reaping dead publishers of %r failed (retrying every %s s)",
-                                self._namespace, self._reap_interval, exc_info=True)
+                    log.warning("reaping dead publishers of %r failed (retrying every %s)",
+                                self._namespace, seconds(self._reap_interval), exc_info=True)
             else:
                 last_failure = None
             finally:
