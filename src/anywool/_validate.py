@@ -92,7 +92,17 @@ def backend(value: object) -> str | None:
     """
     if value not in (None, "asyncio", "trio"):
         raise ValueError(f"backend must be None, 'asyncio' or 'trio', got {value!r}")
-    if value == "trio" and "trio" not in sys.modules and _missing("trio"):
-        raise ImportError("backend='trio' needs trio, which is not installed here: "
-                          "pip install 'anywool[trio]'", name="trio")
+    if value == "trio":
+        installed("trio", needed_by="backend='trio'", extra="trio")
     return value  # type: ignore[return-value]
+
+
+def installed(module: str, *, needed_by: str, extra: str) -> None:
+    """Check that ``module``, which the ``anywool[extra]`` extra installs, is importable.
+
+    :raises ImportError: it is not; the message names ``needed_by`` and the ``pip install``
+        that brings it, and ``name`` is ``module``.
+    """
+    if module not in sys.modules and _missing(module):
+        raise ImportError(f"{needed_by} needs {module}, which is not installed here: "
+                          f"pip install 'anywool[{extra}]'", name=module)

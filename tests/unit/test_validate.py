@@ -72,3 +72,45 @@ def test_the_trio_backend_without_trio_names_the_extra_to_install(
         with pytest.raises(ImportError, match=r"backend='trio' needs trio.*anywool\[trio\]"):
             make()
     assert _validate.backend("asyncio") == "asyncio"  # asyncio needs nothing more
+
+
+def test_lan_discovery_without_zeroconf_names_the_extra_to_install(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from anywool import _validate
+    from anywool.discovery.lan import LanDiscovery
+
+    # As where zeroconf is not installed (restored after the test): a plain install leaves it
+    # out, and every way in says what to install, before anything is started.
+    monkeypatch.delitem(sys.modules, "zeroconf", raising=False)
+    monkeypatch.setattr(_validate, "_missing", lambda module: module == "zeroconf")
+    for make in (lambda: LanDiscovery("jobs"), lambda: LanDiscovery.Publisher("jobs"),
+                 lambda: LanDiscovery.Subscriber("jobs")):
+        with pytest.raises(ImportError, match=r"^LanDiscovery needs zeroconf, which is not "
+                           r"installed here: pip install 'anywool\[lan\]'$") as caught:
+            make()
+        assert caught.value.name == "zeroconf"
+
+
+@pytest.mark.parametrize(("args", "module", "extra"), [
+    (["--discovery", "lan"], "zeroconf", "lan"),
+    (["--discovery", "local", "--backend", "trio"], "trio", "trio"),
+])
+def test_anywool_worker_without_an_extra_says_what_to_install(
+        args: list[str], module: str, extra: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from click.testing import CliRunner
+
+    from anywool import _validate
+    from anywool.cli import main
+
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    monkeypatch.setattr(_validate, "_missing", lambda name: name == module)
+    result = CliRunner(env={"ANYWOOL_SECRET": "s" * 32}).invoke(
+        main, ["worker", "--namespace", "jobs", *args])
+    assert result.exit_code == 1
+    assert f"needs {module}, which is not installed here: pip install 'anywool[{extra}]'" \
+        in result.output
+    assert "Traceback" not in result.output

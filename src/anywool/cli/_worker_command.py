@@ -228,6 +228,8 @@ def worker(discovery: str, namespace: str, workers: int, host: str | None,
         for name in ("idle_timeout", "min_workers"):
             message = message.replace(name, "--" + name.replace("_", "-"))
         raise click.UsageError(message.replace("spawn (", "--workers (")) from None
+    except ImportError as exc:  # an extra not installed (lan, trio): the message names it
+        raise click.ClickException(str(exc)) from None
     # Its workers serve other processes: every record reaches their callers, whose levels
     # decide (this process's own logging says nothing of theirs).
     pool._output_level = logging.NOTSET  # pyright: ignore[reportPrivateUsage]

@@ -128,6 +128,7 @@ class LanDiscovery(Discovery, SingleUse):
 
     def __init__(self, namespace: str, *, interfaces: Interfaces | None = None,
                  secret: bytes | str | None = None) -> None:
+        _validate.installed("zeroconf", needed_by="LanDiscovery", extra="lan")
         self._namespace = _validate.namespace(namespace)
         self._interfaces = _check_interfaces(interfaces)
         self._secret = _check_secret(secret)
@@ -213,6 +214,7 @@ class LanDiscovery(Discovery, SingleUse):
 
         def __init__(self, namespace: str, *, interfaces: Interfaces | None = None,
                      secret: bytes | str | None = None) -> None:
+            _validate.installed("zeroconf", needed_by="LanDiscovery", extra="lan")
             self.namespace = _validate.namespace(namespace)
             self.interfaces = _check_interfaces(interfaces)
             self._secret = _check_secret(secret)
@@ -392,6 +394,7 @@ class LanDiscovery(Discovery, SingleUse):
 
         def __init__(self, namespace: str, *, interfaces: Interfaces | None = None,
                      secret: bytes | str | None = None) -> None:
+            _validate.installed("zeroconf", needed_by="LanDiscovery", extra="lan")
             self.namespace = _validate.namespace(namespace)
             self.interfaces = _check_interfaces(interfaces)
             self._secret = _check_secret(secret)
