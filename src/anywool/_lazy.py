@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
+from types import ModuleType
 from typing import Any
 
 
 def exports(package: str, where: Mapping[str, str]
             ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` for ``package``, whose public name ``n`` lives in the module
-    ``where[n]``; a name, once imported, is set on the package (later lookups are plain)."""
+    ``where[n]``; a name, once imported, is set on the package (later lookups are plain).
+    ``dir(package)`` lists the public API only."""
 
     def __getattr__(name: str) -> Any:
         module = where.get(name)
@@ -36,6 +38,11 @@ def exports(package: str, where: Mapping[str, str]
         return value
 
     def __dir__() -> list[str]:
-        return sorted(set(where) | set(vars(importlib.import_module(package))))
+        # The public API only: the exported names, the public submodules imported so far and
+        # the version; not the machinery of the package's own header (TYPE_CHECKING, exports).
+        namespace = vars(importlib.import_module(package))
+        submodules = {name for name, value in namespace.items()
+                      if isinstance(value, ModuleType) and not name.startswith("_")}
+        return sorted(set(where) | submodules | ({"__version__"} & namespace.keys()))
 
     return __getattr__, __dir__
