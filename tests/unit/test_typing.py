@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -47,3 +48,21 @@ def test_a_proxy_takes_its_discovery_positionally_or_as_discovery_exactly_once()
     errors = _pyright("tests/typing/proxy_types.py")
     # The three forms type-check; no discovery, both, and a str as discovery= do not.
     assert [e["range"]["start"]["line"] + 1 for e in errors] == [9, 10, 11]
+
+
+def test_a_users_module_over_the_whole_public_api_is_clean_under_pyright_strict() -> None:
+    # tests/typing/user_api.py opts into strict mode itself (its first line).
+    assert _pyright("tests/typing/user_api.py") == []
+
+
+def test_a_users_module_over_the_whole_public_api_is_clean_under_mypy_strict() -> None:
+    # anywool's own modules are read for their types but not reported on (silent): the check
+    # is of what a user's code sees. The cache is off, so nothing is written in the checkout.
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent",
+         "--python-executable", sys.executable, "--cache-dir", os.devnull,
+         "tests/typing/user_api.py"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert (result.returncode, result.stdout.splitlines()[-1:]) == \
+        (0, ["Success: no issues found in 1 source file"]), result.stdout + result.stderr

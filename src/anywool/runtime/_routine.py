@@ -21,7 +21,7 @@ import contextvars
 import functools
 import inspect
 from dataclasses import dataclass
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Coroutine
 from typing import Any, ParamSpec, Protocol, TypeVar, TypeVarTuple, Unpack, overload
 
 P = ParamSpec("P")
@@ -80,6 +80,16 @@ def routine(fn: Callable[P, AsyncGenerator[Y, S]]) -> Callable[P, AsyncGenerator
 
 @overload
 def routine(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]: ...
+
+
+# An async generator function annotated by what it gives rather than what it is
+# (``-> AsyncIterator[int]``, ``-> AsyncIterable[int]``), as typing's docs suggest.
+@overload
+def routine(fn: Callable[P, AsyncIterator[Y]]) -> Callable[P, AsyncIterator[Y]]: ...
+
+
+@overload
+def routine(fn: Callable[P, AsyncIterable[Y]]) -> Callable[P, AsyncIterable[Y]]: ...
 
 
 def routine(fn: Callable[P, Any]) -> Callable[P, Any]:
