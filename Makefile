@@ -17,8 +17,17 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/anywool demo $(ARGS)
 
-test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+# The wheels of anywool's dependencies, every extra, and pytest: tests/packaging installs the
+# wheel it builds in a fresh venv from these, as the test run itself has no network.
+WHEELHOUSE := $(VENV)/wheelhouse
+
+$(WHEELHOUSE)/.filled: pyproject.toml $(STAMP)
+	$(BIN)/python -m pip wheel --quiet -w $(WHEELHOUSE) '.[trio,lan,etcd,otel]' pytest
+	rm -f $(WHEELHOUSE)/anywool-*.whl
+	touch $@
+
+test: $(STAMP) $(WHEELHOUSE)/.filled
+	ANYWOOL_WHEELHOUSE=$(abspath $(WHEELHOUSE)) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 $(VENV)/.bench-installed: pyproject.toml $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
