@@ -27,8 +27,6 @@ import anyio
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from anywool._duration import seconds
-
 log = logging.getLogger("anywool.testing")
 
 _MAX_SPAWN = 1024  # anywool.runtime._pool.MAX_SPAWN, without importing the runtime
@@ -168,6 +166,8 @@ async def _stop(process: Process, what: str, timeout: float) -> None:
             with anyio.move_on_after(_KILL_TIMEOUT):
                 await process.wait()
             if process.returncode is None:
+                from anywool._duration import seconds  # here: importing the plugin costs nothing
+
                 log.error("%s survived SIGKILL for %s", what, seconds(_KILL_TIMEOUT))
         with suppress(Exception):
             await process.aclose()
