@@ -33,7 +33,7 @@ __all__ = ["demo"]
 @click.option("--workers", "-w", type=click.IntRange(min=1, max=256), default=None,
               help="Worker processes to spawn (default: the number of CPUs).")
 @click.option("--backend", type=click.Choice(["asyncio", "trio"]), default="asyncio",
-              show_default=True, help="Event loop for the pool and its workers.")
+              show_default=True, help="Event loop for the pool and its workers. (trio: pip install 'anywool[trio]')")
 def demo(path: Path | None, workers: int | None, backend: str) -> None:
     """SHA-256 every regular file under PATH on a worker pool and check each result locally.
 

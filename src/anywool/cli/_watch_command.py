@@ -64,7 +64,7 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 @click.command()
 @click.argument("namespace")
 @click.option("--backend", type=click.Choice(["asyncio", "trio"]), default="asyncio",
-              show_default=True, help="Event loop of this command.")
+              show_default=True, help="Event loop of this command. (trio: pip install 'anywool[trio]')")
 @json_option
 @runtime_dir_option
 @etcd_options("Follow NAMESPACE in this etcd cluster instead of on this host: a member's client "

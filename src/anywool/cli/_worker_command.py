@@ -142,7 +142,7 @@ def _read_secret(path: Path | None) -> bytes | None:
 @click.option("--join", is_flag=True,
               help="etcd: borrow a namespace another process owns instead of owning it.")
 @click.option("--backend", type=click.Choice(["asyncio", "trio"]), default="asyncio",
-              show_default=True, help="Event loop of this command and its workers.")
+              show_default=True, help="Event loop of this command and its workers. (trio: pip install 'anywool[trio]')")
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=None,
               help="The most calls each worker runs at once (default: no bound).")
 @click.option("--drain", type=click.FloatRange(min=0), default=10.0, show_default=True,

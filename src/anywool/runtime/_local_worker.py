@@ -126,7 +126,8 @@ class LocalWorker(SingleUse):
     """A worker process on this host, alive for the duration of an ``async with`` block.
 
     :param backend: ``"asyncio"`` or ``"trio"``, the event loop the worker runs; ``None`` picks
-        the backend of the task entering this context manager.
+        the backend of the task entering this context manager. ``"trio"`` needs the
+        ``anywool[trio]`` extra.
     :param tags: labels published in the worker's metadata.
     :param extra: msgpack-serialisable values published in the worker's metadata.
     :param startup_timeout: seconds (> 0) allowed for the worker to report its address.
@@ -162,6 +163,8 @@ class LocalWorker(SingleUse):
     :raises ValueError: ``host`` is given without any credentials (the message says what to
         pass), an argument is out of range, or a ``lifespan`` string cannot be imported.
     :raises TypeError: an argument has the wrong type, or ``lifespan`` cannot be pickled.
+    :raises ImportError: ``backend="trio"`` where trio is not installed (the message names
+        ``pip install 'anywool[trio]'``).
 
     Entering raises :class:`~anywool.errors.WorkerError` when the process does not start or
     report its address within ``startup_timeout`` (the process is killed and reaped first), and

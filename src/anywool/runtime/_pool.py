@@ -137,7 +137,7 @@ class WorkerPool(SingleUse):
     :param discovery: where workers are announced and found (see the table).
     :param tags: tags of the spawned workers; the proxy admits only workers carrying all of them.
     :param backend: ``"asyncio"`` or ``"trio"`` for the spawned workers (``None``: the backend
-        running the pool).
+        running the pool); ``"trio"`` needs the ``anywool[trio]`` extra.
     :param loadbalancer: chooses the worker per call, in any Factory form of a
         ``LoadBalancerLike`` (default: round robin).
     :param lazy: ``False``: entering waits until ``quorum`` workers are connected; ``True``: the
@@ -219,6 +219,8 @@ class WorkerPool(SingleUse):
         ``host`` is given without credentials or to a pool that spawns nothing, or
         ``on_output`` is given with ``forward_output=False``, or ``idle_timeout`` to a pool
         that spawns nothing, or ``min_workers`` without ``idle_timeout`` or above ``spawn``.
+    :raises ImportError: ``backend="trio"`` where trio is not installed (the message names
+        ``pip install 'anywool[trio]'``).
 
     Every spawned worker carries the pool's id in its metadata (``extra["anywool.pool"]``),
     and passes on to the pool a recycle request a client sends it (``anywool recycle NS``,

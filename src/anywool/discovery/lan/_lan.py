@@ -124,6 +124,8 @@ class LanDiscovery(Discovery, SingleUse):
     :raises ValueError: ``interfaces`` is empty or holds something that is not an IP address
         or an interface index; ``secret`` is shorter than 16 bytes. The messages name the
         parameter and the value (never a secret's value).
+    :raises ImportError: zeroconf is not installed (the message names
+        ``pip install 'anywool[lan]'``); so do :class:`Publisher` and :class:`Subscriber`.
     """
 
     def __init__(self, namespace: str, *, interfaces: Interfaces | None = None,
