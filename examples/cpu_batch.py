@@ -84,7 +84,7 @@ class Batch:
     seconds: float = 0.0
 
 
-async def hash_all(paths: list[str], workers: int, backend: str) -> Batch:
+async def hash_all(paths: list[str], size: int, workers: int, backend: str) -> Batch:
     batch = Batch()
 
     async def hash_one(path: str) -> None:
@@ -96,10 +96,9 @@ async def hash_all(paths: list[str], workers: int, backend: str) -> Batch:
     # A fresh namespace of our own with `workers` processes; lazy=False waits for all of them,
     # so that the timing below is the batch's and not the workers' start.
     async with anywool.WorkerPool(spawn=workers, lazy=False, quorum=workers) as pool:
-        total = sum(os.path.getsize(path) for path in paths)
         pids = " ".join(str(worker.pid) for worker in pool.workers)
-        print(f"hashing {len(paths)} files ({total / 1e6:.1f} MB) on {workers} workers "
-              f"({backend}), pids {pids}", flush=True)
+        print(f"hashing {len(paths)} files ({size / 1e6:.1f} MB) on {workers} "
+              f"worker{'s' if workers > 1 else ''} ({backend}), pids {pids}", flush=True)
         started = time.perf_counter()
         # Every call at once: the pool hands them out as workers have room. If one call
         # raises something other than OSError, the task group cancels the others and the
@@ -112,12 +111,14 @@ async def hash_all(paths: list[str], workers: int, backend: str) -> Batch:
 
 
 def check(batch: Batch) -> list[str]:
-    """The files whose digest differs from the one computed here (blocking: run in a thread)."""
+    """The files whose digest differs from the one computed here (blocking: run in a thread).
+    A file that can no longer be read moves from the results to the unreadable ones."""
     mismatched = []
-    for path, (_, _, digest) in batch.results.items():
+    for path, (_, _, digest) in list(batch.results.items()):
         try:
             _, _, expected = sha256_of(path)
-        except OSError as error:  # gone or unreadable since
+        except OSError as error:  # removed, or made unreadable, since it was hashed
+            del batch.results[path]
             batch.unreadable[path] = f"{type(error).__name__}: {error.strerror or error}"
             continue
         if digest != expected:
@@ -146,8 +147,8 @@ def report(batch: Batch, mismatched: list[str]) -> None:
         print(f"unreadable: {path}: {reason}")
 
 
-async def main(paths: list[str], workers: int, backend: str) -> int:
-    batch = await hash_all(paths, workers, backend)
+async def main(paths: list[str], size: int, workers: int, backend: str) -> int:
+    batch = await hash_all(paths, size, workers, backend)
     # The check is not part of the batch: it runs after the pool exited, in a thread, so that
     # the event loop stays free (it would matter if this program did anything else meanwhile).
     mismatched = await anyio.to_thread.run_sync(check, batch)
@@ -183,8 +184,9 @@ if __name__ == "__main__":
     if not os.path.exists(root):
         sys.exit(f"{root}: no such file or directory")
     paths = files_under(root, skip, arguments.limit)
+    size = sum(os.path.getsize(path) for path in paths)  # before the event loop runs: it blocks
     try:
-        status = anyio.run(partial(main, paths, arguments.workers, arguments.backend),
+        status = anyio.run(partial(main, paths, size, arguments.workers, arguments.backend),
                            backend=arguments.backend)
     except* KeyboardInterrupt:
         # Ctrl-C. By the time anyio.run raises, the calls were cancelled on their workers, the
