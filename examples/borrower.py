@@ -69,7 +69,8 @@ async def borrow(namespace: str, calls: int) -> None:
 
 
 def parse_arguments() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description="Borrow a namespace another process owns and run calls on its workers.")
     parser.add_argument("--namespace", "-n", default="jobs", help="the namespace to borrow")
     parser.add_argument("--calls", type=int, default=8, help="calls to make, all at once")
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio",

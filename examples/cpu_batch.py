@@ -157,7 +157,8 @@ async def main(paths: list[str], size: int, workers: int, backend: str) -> int:
 
 
 def parse_arguments() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description="SHA-256 every file under PATH on worker processes and check each digest.")
     parser.add_argument("path", nargs="?", help="a directory or a file (default: the standard "
                         "library, without site-packages and __pycache__)")
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio",

@@ -57,7 +57,8 @@ async def own(namespace: str, workers: int) -> None:
 
 
 def parse_arguments() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description="Own a namespace and keep its workers up until Ctrl-C or SIGTERM.")
     parser.add_argument("--namespace", "-n", default="jobs", help="the namespace to own")
     parser.add_argument("--workers", "-w", type=int, default=2, help="worker processes")
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio",

@@ -106,7 +106,8 @@ def read_secret(path: Path) -> str:
 
 
 def parse_arguments() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description="Serve workers on the LAN (serve), or find and call them (call).")
     parser.add_argument("role", choices=["serve", "call"])
     parser.add_argument("--namespace", "-n", default="jobs")
     parser.add_argument("--secret-file", type=Path,
