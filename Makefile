@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Tests mostly wait on processes and locks: three workers keep both cores busy.
 PYTEST_ARGS ?= -n 3
 
-.PHONY: demo test bench clean
+.PHONY: demo test docs bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,14 @@ $(WHEELHOUSE)/.filled: pyproject.toml $(STAMP)
 
 test: $(STAMP) $(WHEELHOUSE)/.filled
 	ANYWOOL_WHEELHOUSE=$(abspath $(WHEELHOUSE)) $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+$(VENV)/.docs-installed: pyproject.toml $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	touch $@
+
+# The documentation site (MkDocs), warnings as errors, into site/.
+docs: $(VENV)/.docs-installed
+	$(BIN)/python -m mkdocs build --strict --quiet
 
 $(VENV)/.bench-installed: pyproject.toml $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'

@@ -200,7 +200,8 @@ async def owner_process(
     :param env: variables to add to, or override in, the child's environment.
     :param ready_timeout: seconds (> 0) the child gets to report ready.
     :param stop_timeout: seconds (≥ 0) the child gets to exit politely at the end.
-    :raises TypeError, ValueError: an argument is wrong (nothing is started).
+    :raises TypeError: an argument has the wrong type (nothing is started).
+    :raises ValueError: an argument is out of range (nothing is started).
     :raises DiscoveryNamespaceInUse: another process owns the namespace (the child's error,
         rebuilt here; likewise any other anywool error raised while it starts).
     :raises RuntimeError: the child exited before it was ready; the message holds its stderr.
