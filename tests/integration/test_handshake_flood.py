@@ -32,8 +32,10 @@ pytestmark = pytest.mark.anyio
 
 SECRET = secrets.token_bytes(32)
 #: What the promise says: a real client gets in (connects, authenticates, makes a call) within
-#: this many seconds of dialing, whatever one flooding process does meanwhile.
-GETS_IN_WITHIN = 1.0
+#: this many seconds of dialing, whatever one flooding process does meanwhile. Below the 2 s a
+#: pending handshake may last, so a worker that made newcomers wait for the flood's places to
+#: expire fails; 1 s was overrun on a loaded two-core machine (the suite, TLS, three workers).
+GETS_IN_WITHIN = 1.5
 
 # The flooding process: argv = host, port, silent, slow. It opens ``silent`` connections that
 # never send a byte and never close, and ``slow`` ones that trickle a byte every 50 ms (half of
