@@ -916,8 +916,17 @@ def _backend() -> str:
 async def _ended_by_its_scope() -> None:
     """A routine was interrupted (runtime._interrupt) because its scope is cancelled or past
     its deadline: raise that cancellation here, as the routine's next checkpoint would have,
-    so that the call ends as any cancelled call does."""
-    await anyio.lowlevel.checkpoint()
+    so that the call ends as any cancelled call does.
+
+    One checkpoint is not enough under asyncio: a deadline's timer that came due while the
+    routine held the loop runs only in a later pass of the loop than this task's next step,
+    and its cancellation reaches the task one pass after that; meanwhile the interruption
+    would be reported as the routine's own exception (``RoutineAborted``). So this waits for
+    the cancellation, at most REPLY_TIMEOUT seconds (it is due: it comes within a pass or
+    two); should none come, the interruption is reported as before.
+    """
+    with anyio.move_on_after(REPLY_TIMEOUT):
+        await anyio.sleep_forever()
 
 
 async def _half_close(frames: FrameStream) -> None:
