@@ -91,6 +91,9 @@ async def test_idle_retirement_counts_other_callers_calls(
                 # Calls from elsewhere for three idle_timeouts: the worker never says it is
                 # idle, so the pool (left at min_workers anyway) logs no keeping of it, and
                 # grows back (these calls count as well).
+                # Counted once the calls have begun: the worker, idle since its spawn like the
+                # one that retired, may say so (and be kept) before the first call reaches it.
+                assert await pid() in {w.pid for w in pool.workers}
                 kept_before = len(kept(caplog))
                 started = anyio.current_time()
                 while anyio.current_time() - started < 3.0 or len(pool.workers) < 2:
