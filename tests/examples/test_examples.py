@@ -28,6 +28,7 @@ from anyio.abc import Process
 
 from anywool._address import Address
 from tests import netns
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -188,9 +189,10 @@ async def test_ctrl_c_interrupts_the_batch_mid_file_and_leaves_nothing_running(
             def read_so_far() -> int:
                 return max(psutil.Process(pid).io_counters().read_chars for pid in workers)
 
-            with anyio.fail_after(20):  # a worker is well into the huge file (no result yet)
-                while read_so_far() < 256 << 20:
-                    await anyio.sleep(0.01)
+            # A worker is well into the huge file (no result yet): a count in /proc, with no
+            # event to wait on.
+            await wait_until(lambda: read_so_far() >= 256 << 20,
+                             "a worker to read 256 MiB of the huge file", timeout=20)
             batch.process.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal sends
             with anyio.fail_after(10):  # about cancel_grace at worst, here well under
                 status = await batch.process.wait()
