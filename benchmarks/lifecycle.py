@@ -49,7 +49,7 @@ REPLACEMENTS = 10
 
 def _no_template() -> None:
     """Turn the warm template off: every worker starts as a process of its own."""
-    from anywool.runtime import _pool, _template
+    from anywool.runtime.pool import _pool, _template
 
     class Off:
         def __init__(self, *args: object) -> None:
@@ -101,11 +101,11 @@ async def _replacement(warm: bool) -> dict[str, Any]:
     import anyio
 
     import anywool
-    from anywool.runtime._local_worker import LocalWorker
+    from anywool.runtime.pool._local_worker import LocalWorker
 
     async with anywool.WorkerPool(spawn=2) as pool:
         if warm:
-            pool._want_template(pool._backend or anywool.runtime._local_worker.current_backend())
+            pool._want_template(pool._backend or anywool.runtime.pool._local_worker.current_backend())
             with anyio.fail_after(30):
                 while pool._template is None:
                     await anyio.sleep(0.01)
@@ -182,7 +182,7 @@ def _child(kind: str, peer: str, backend: str) -> None:
     # Every peer's modules imported before anything is timed (as in a program that has run
     # for a while): the figures are the workers' start, not the caller's imports.
     if peer.startswith("anywool"):
-        import anywool.runtime._pool  # noqa: F401
+        import anywool.runtime.pool._pool  # noqa: F401
         import routines  # noqa: F401
     elif peer == "to_process":
         import anyio.to_process  # noqa: F401

@@ -21,7 +21,7 @@ from anywool.metadata import WorkerMetadata
 
 if TYPE_CHECKING:
     from anywool.discovery.local._claim import Claim
-    from anywool.runtime._wire import FrameStream
+    from anywool.runtime.wire._frames import FrameStream
 
 
 def worker(address: str = "unix:/tmp/none.sock", **fields: object) -> WorkerMetadata:
@@ -164,7 +164,7 @@ class DescriptorTraps:
 
 async def worker_frames(stream: object) -> "FrameStream":
     """Frames over a raw connection to a real worker, past the HELLO it sends first."""
-    from anywool.runtime._wire import FrameStream, Kind
+    from anywool.runtime.wire._frames import FrameStream, Kind
 
     frames = FrameStream(stream, stream)  # type: ignore[arg-type]
     hello = await frames.receive()
@@ -175,7 +175,7 @@ async def worker_frames(stream: object) -> "FrameStream":
 def call_payload(fn: Callable[..., object], args: tuple = (), kwargs: dict | None = None,
                  **fields: object) -> bytes:
     """A CALL frame's payload for ``fn(*args, **kwargs)`` (``fields``: more of its header)."""
-    from anywool.runtime import _envelope, _serializer
+    from anywool.runtime.wire import _envelope, _serializer
 
     request = _envelope.CallRequest(_serializer.dump((fn, args, kwargs or {})),
                                     getattr(fn, "__qualname__", repr(fn)), **fields)  # type: ignore[arg-type]
@@ -184,14 +184,14 @@ def call_payload(fn: Callable[..., object], args: tuple = (), kwargs: dict | Non
 
 def step_payload(value: object = None) -> bytes:
     """An ASEND frame's payload sending ``value``."""
-    from anywool.runtime import _envelope, _serializer
+    from anywool.runtime.wire import _envelope, _serializer
 
     return _envelope.encode_step(_envelope.Step(_serializer.dump(value))).join()
 
 
 def result_of(payload: bytes) -> object:
     """The value a RESULT frame's payload carries."""
-    from anywool.runtime import _envelope, _serializer
+    from anywool.runtime.wire import _envelope, _serializer
 
     value = _envelope.decode_reply(payload)[0]
     return _serializer.loads(value.stream(), value.buffers)
@@ -199,7 +199,7 @@ def result_of(payload: bytes) -> object:
 
 def exception_of(payload: bytes) -> BaseException:
     """The exception an EXCEPTION frame's payload carries."""
-    from anywool.runtime import _envelope, _exceptions
+    from anywool.runtime.wire import _envelope, _exceptions
 
     return _exceptions.loads_exception(_envelope.decode_reply(payload)[0].stream())
 

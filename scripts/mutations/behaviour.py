@@ -8,8 +8,8 @@ Limits and security checks are in security.py, time bounds and defaults in bound
 
 from mutate import Mutation
 
-_CONNECTION = "src/anywool/runtime/_connection.py"
-_SERVER = "src/anywool/runtime/_server.py"
+_CONNECTION = "src/anywool/runtime/client/_connection.py"
+_SERVER = "src/anywool/runtime/worker/_server.py"
 
 MUTATIONS: list[Mutation] = [
     # -- cancellation ----------------------------------------------------------------------
@@ -89,7 +89,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="nested-call-shielded-from-the-tree",
-        path="src/anywool/runtime/_nested.py",
+        path="src/anywool/runtime/worker/_nested.py",
         old="""        return await self._owner._host(self._origin).dispatch(fn, args, kwargs, plain=plain)""",
         new="""        with anyio.CancelScope(shield=True):
             return await self._owner._host(self._origin).dispatch(fn, args, kwargs, plain=plain)""",
@@ -134,7 +134,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="no-workers-without-namespace",
-        path="src/anywool/runtime/_proxy.py",
+        path="src/anywool/runtime/client/_proxy.py",
         old="""        raise NoWorkersAvailable(await self._why_none(), self._namespace)""",
         new="""        raise NoWorkersAvailable(await self._why_none())""",
         tests=("tests/integration/test_no_workers.py::test_a_pool_that_spawns_none_where_none_are_published_says_so",),
@@ -142,7 +142,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="no-workers-reason-omits-the-tags",
-        path="src/anywool/runtime/_proxy.py",
+        path="src/anywool/runtime/client/_proxy.py",
         old="""f"every tag of {sorted(self._tags or ())} {waited}\"""",
         new="""f"every tag {waited}\"""",
         tests=("tests/integration/test_no_workers.py::test_a_pool_requiring_tags_no_published_worker_has_names_them",),
@@ -241,7 +241,7 @@ MUTATIONS: list[Mutation] = [
     # pickle whole, which is the exception-group work's to pin.)
     Mutation(
         name="exception-pickled-without-its-traceback-and-chain",
-        path="src/anywool/runtime/_exceptions.py",
+        path="src/anywool/runtime/wire/_exceptions.py",
         old="""    pickling_support.install(*classes)""",
         new="""    pass""",
         tests=("tests/integration/test_pool.py::test_exception_arrives_with_type_message_and_remote_traceback",
@@ -260,7 +260,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="killed-worker-socket-left-behind",
-        path="src/anywool/runtime/_local_worker.py",
+        path="src/anywool/runtime/pool/_local_worker.py",
         old="""                await process.aclose()
             self._remove_socket()""",
         new="""                await process.aclose()""",
@@ -270,7 +270,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="exit-does-not-ask-workers-to-cancel",
-        path="src/anywool/runtime/_proxy.py",
+        path="src/anywool/runtime/client/_proxy.py",
         old="""                    await connection.cancel_all()""",
         new="""                    pass""",
         tests=("tests/integration/test_pool_teardown.py::test_calls_still_running_at_shutdown_timeout_are_cancelled_on_their_worker",),
@@ -279,7 +279,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="exiting-proxy-keeps-taking-calls",
-        path="src/anywool/runtime/_proxy.py",
+        path="src/anywool/runtime/client/_proxy.py",
         old="""        self._active = False
         _telemetry.watch(self, False)""",
         new="""        _telemetry.watch(self, False)""",
@@ -342,7 +342,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="pool-takes-a-discovery-another-pool-entered",
-        path="src/anywool/runtime/_pool.py",
+        path="src/anywool/runtime/pool/_pool.py",
         old="""            if id(discovery) in _ENTERED_BY_POOLS:""",
         new="""            if False:""",
         tests=("tests/integration/test_pool_modes.py::test_a_discovery_another_pool_entered_is_refused",),
@@ -351,7 +351,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="pool-enters-a-discovery-its-caller-entered",
-        path="src/anywool/runtime/_pool.py",
+        path="src/anywool/runtime/pool/_pool.py",
         old="""        def is_value(obj: object) -> bool:
             if _is_entered(obj):""",
         new="""        def is_value(obj: object) -> bool:
@@ -361,7 +361,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="undelivered-call-not-tried-elsewhere",
-        path="src/anywool/runtime/_loadbalancer.py",
+        path="src/anywool/runtime/client/_loadbalancer.py",
         old="""            except CallNotDelivered as exc:
                 last = exc""",
         new="""            except CallNotDelivered as exc:
@@ -373,7 +373,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="dead-worker-not-withdrawn",
-        path="src/anywool/runtime/_pool.py",
+        path="src/anywool/runtime/pool/_pool.py",
         old="""                                            "replacing it", worker.pid, code)
                             await self._announce(worker, "worker-dropped")
                             self._own.discard""",
@@ -482,7 +482,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="workers-share-the-scripts-session",
-        path="src/anywool/runtime/_local_worker.py",
+        path="src/anywool/runtime/pool/_local_worker.py",
         old="""                start_new_session=True)""",
         new="""                start_new_session=False)""",
         tests=("tests/integration/test_ctrl_c.py::test_ctrl_c_to_the_process_group_ends_the_script_promptly_and_leaves_nothing",),
@@ -491,7 +491,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="ctrl-c-during-exit-swallowed",
-        path="src/anywool/runtime/_ctrl_c.py",
+        path="src/anywool/runtime/client/_ctrl_c.py",
         old="""                previous(signal.SIGINT, sys._getframe())""",
         new="""                pass""",
         tests=("tests/integration/test_ctrl_c.py::test_a_ctrl_c_while_the_pool_exits_hurries_the_exit_and_still_ends_the_script",),

@@ -21,7 +21,7 @@ MUTATIONS: list[Mutation] = [
     # -- WorkerPool exit ---------------------------------------------------------------------
     Mutation(
         name="bounds-pool-announce-budget-2s-longer",
-        path="src/anywool/runtime/_pool.py",
+        path="src/anywool/runtime/pool/_pool.py",
         old="self._announce_budget = Budget(self._announce_timeout)",
         new="self._announce_budget = Budget(self._announce_timeout + 2)",
         tests=(f"{BOUNDS}::test_a_wedged_registry_costs_a_pool_exit_its_default_announce_timeout_of_5_s",),
@@ -29,7 +29,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-pool-announce-timeout-default",
-        path="src/anywool/runtime/_pool.py",
+        path="src/anywool/runtime/pool/_pool.py",
         old="announce_timeout: float = 5.0,",
         new="announce_timeout: float = 7.0,",
         tests=(f"{BOUNDS}::test_a_wedged_registry_costs_a_pool_exit_its_default_announce_timeout_of_5_s",),
@@ -37,7 +37,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-pool-publisher-exit-own-budget",
-        path="src/anywool/runtime/_pool.py",
+        path="src/anywool/runtime/pool/_pool.py",
         old='name="discovery.publisher"), self._announce_budget))',
         new='name="discovery.publisher"), Budget(self._announce_timeout)))',
         tests=(f"{BOUNDS}::test_a_wedged_registry_costs_a_pool_exit_its_default_announce_timeout_of_5_s",),
@@ -45,7 +45,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-pool-discovery-exit-own-budget",
-        path="src/anywool/runtime/_pool.py",
+        path="src/anywool/runtime/pool/_pool.py",
         old="            self._announce_budget))\n        if self._credentials",
         new="            Budget(self._announce_timeout)))\n        if self._credentials",
         tests=(f"{BOUNDS}::test_a_wedged_registry_costs_a_pool_exit_its_default_announce_timeout_of_5_s",),
@@ -53,7 +53,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-pool-shutdown-budget-2s-longer",
-        path="src/anywool/runtime/_pool.py",
+        path="src/anywool/runtime/pool/_pool.py",
         old="self._shutdown_budget = Budget(self._shutdown_timeout)",
         new="self._shutdown_budget = Budget(self._shutdown_timeout + 2)",
         tests=(f"{BOUNDS}::test_the_pools_own_calls_still_running_are_cancelled_at_shutdown_timeout",),
@@ -61,7 +61,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-pool-shutdown-timeout-default",
-        path="src/anywool/runtime/_pool.py",
+        path="src/anywool/runtime/pool/_pool.py",
         old="shutdown_timeout: float = 10.0,",
         new="shutdown_timeout: float = 12.0,",
         tests=(_default("WorkerPool shutdown_timeout"),),
@@ -70,7 +70,7 @@ MUTATIONS: list[Mutation] = [
     # -- quorum ------------------------------------------------------------------------------
     Mutation(
         name="bounds-proxy-quorum-wait-2s-longer",
-        path="src/anywool/runtime/_proxy.py",
+        path="src/anywool/runtime/client/_proxy.py",
         old="with anyio.move_on_after(self._quorum_timeout):",
         new="with anyio.move_on_after(self._quorum_timeout + 2):",
         tests=(f"{BOUNDS}::test_a_strict_pool_entry_gives_up_at_quorum_timeout",
@@ -79,7 +79,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-pool-quorum-timeout-default",
-        path="src/anywool/runtime/_pool.py",
+        path="src/anywool/runtime/pool/_pool.py",
         old="quorum_timeout: float = 10.0,",
         new="quorum_timeout: float = 12.0,",
         tests=(_default("WorkerPool quorum_timeout"),),
@@ -87,7 +87,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-proxy-quorum-timeout-default",
-        path="src/anywool/runtime/_proxy.py",
+        path="src/anywool/runtime/client/_proxy.py",
         old="quorum_timeout: float = 10.0,",
         new="quorum_timeout: float = 12.0,",
         tests=(_default("WorkerProxy quorum_timeout"),),
@@ -95,7 +95,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-pool-quorum-default",
-        path="src/anywool/runtime/_pool.py",
+        path="src/anywool/runtime/pool/_pool.py",
         old="quorum: int = 1,",
         new="quorum: int = 2,",
         tests=(_default("WorkerPool quorum"),),
@@ -104,7 +104,7 @@ MUTATIONS: list[Mutation] = [
     # -- cancellation ------------------------------------------------------------------------
     Mutation(
         name="bounds-pool-cancel-grace-default",
-        path="src/anywool/runtime/_pool.py",
+        path="src/anywool/runtime/pool/_pool.py",
         old="cancel_grace: float = 1.0,",
         new="cancel_grace: float = 2.0,",
         tests=(f"{INTERRUPT}::test_a_routine_that_swallows_the_interruption_loses_its_worker_after_cancel_grace",),
@@ -112,7 +112,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-proxy-cancel-grace-default",
-        path="src/anywool/runtime/_proxy.py",
+        path="src/anywool/runtime/client/_proxy.py",
         old="cancel_grace: float = 1.0,",
         new="cancel_grace: float = 2.0,",
         tests=(f"{INTERRUPT}::test_a_bare_proxy_gives_up_a_stuck_call_after_cancel_grace_but_ends_no_worker",),
@@ -120,7 +120,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-connection-cancel-grace-longer",
-        path="src/anywool/runtime/_connection.py",
+        path="src/anywool/runtime/client/_connection.py",
         old="with anyio.move_on_after(connection._cancel_grace) as grace,",
         new="with anyio.move_on_after(connection._cancel_grace + 0.7) as grace,",
         tests=(f"{INTERRUPT}::test_a_routine_that_swallows_the_interruption_loses_its_worker_after_cancel_grace",),
@@ -128,7 +128,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-proxy-cancel-timeout-default",
-        path="src/anywool/runtime/_proxy.py",
+        path="src/anywool/runtime/client/_proxy.py",
         old="cancel_timeout: float = 5.0,",
         new="cancel_timeout: float = 7.0,",
         tests=(f"{INTERRUPT}::test_a_routine_unwinding_slowly_holds_its_caller_for_the_default_cancel_timeout_of_5_s",),
@@ -136,7 +136,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-connection-cancel-timeout-longer",
-        path="src/anywool/runtime/_connection.py",
+        path="src/anywool/runtime/client/_connection.py",
         old="with anyio.move_on_after(connection._cancel_timeout) as unwinding,",
         new="with anyio.move_on_after(connection._cancel_timeout + 2) as unwinding,",
         tests=(f"{INTERRUPT}::test_a_routine_unwinding_slowly_holds_its_caller_for_the_default_cancel_timeout_of_5_s",),
@@ -144,7 +144,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-interrupt-held-after",
-        path="src/anywool/runtime/_interrupt.py",
+        path="src/anywool/runtime/worker/_interrupt.py",
         old="HELD_AFTER = 0.1",
         new="HELD_AFTER = 0.3",
         tests=(_default("interrupt after the loop stood still"),),
@@ -244,7 +244,7 @@ MUTATIONS: list[Mutation] = [
     # -- workers -----------------------------------------------------------------------------
     Mutation(
         name="bounds-nested-idle-timeout-default",
-        path="src/anywool/runtime/_nested.py",
+        path="src/anywool/runtime/worker/_nested.py",
         old="DEFAULT_IDLE_TIMEOUT = 60.0",
         new="DEFAULT_IDLE_TIMEOUT = 90.0",
         tests=(_default("nested proxy idle timeout"),),
@@ -252,7 +252,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-nested-max-idle",
-        path="src/anywool/runtime/_nested.py",
+        path="src/anywool/runtime/worker/_nested.py",
         old="MAX_IDLE = 8",
         new="MAX_IDLE = 16",
         tests=(_default("nested proxies kept unused"),),
@@ -260,7 +260,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-lifeline-delay",
-        path="src/anywool/runtime/_worker.py",
+        path="src/anywool/runtime/worker/_main.py",
         old="_ORPHAN_GRACE = 5.0",
         new="_ORPHAN_GRACE = 7.0",
         tests=(_default("lifeline delay"),),
@@ -268,7 +268,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-sigterm-before-sigkill",
-        path="src/anywool/runtime/_local_worker.py",
+        path="src/anywool/runtime/pool/_local_worker.py",
         old="_TERM_TIMEOUT = 3.0",
         new="_TERM_TIMEOUT = 5.0",
         tests=(_default("SIGTERM before SIGKILL"),),
@@ -276,7 +276,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-slot-min-uptime",
-        path="src/anywool/runtime/_pool.py",
+        path="src/anywool/runtime/pool/_pool.py",
         old="_MIN_UPTIME = 2.0",
         new="_MIN_UPTIME = 4.0",
         tests=(_default("slot given up: dies within"),),
@@ -284,7 +284,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-slot-start-failures",
-        path="src/anywool/runtime/_pool.py",
+        path="src/anywool/runtime/pool/_pool.py",
         old="_MAX_START_FAILURES = 3",
         new="_MAX_START_FAILURES = 5",
         tests=(_default("slot given up: times in a row"),),
@@ -292,7 +292,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-handshake-deadline",
-        path="src/anywool/runtime/_gatekeeper.py",
+        path="src/anywool/runtime/worker/_gatekeeper.py",
         old="PENDING_HANDSHAKE_TIMEOUT: float = 2.0",
         new="PENDING_HANDSHAKE_TIMEOUT: float = 3.0",
         tests=(_default("pending handshake deadline"),
@@ -301,7 +301,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-handshakes-at-once",
-        path="src/anywool/runtime/_gatekeeper.py",
+        path="src/anywool/runtime/worker/_gatekeeper.py",
         old="MAX_PENDING_HANDSHAKES: int = 256",
         new="MAX_PENDING_HANDSHAKES: int = 512",
         tests=(_default("pending handshakes at once"),),

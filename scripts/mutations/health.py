@@ -6,7 +6,7 @@ from mutate import Mutation
 MUTATIONS: list[Mutation] = [
     Mutation(
         name="health-unresponsive-foreign-worker-kept",
-        path="src/anywool/runtime/_proxy.py",
+        path="src/anywool/runtime/client/_proxy.py",
         old="""        self._unready(uid, entry[1])
         admitted.wakeup.set()  # its connection closes; reconnected, with back-off""",
         new="""        pass""",
@@ -16,7 +16,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="health-ejected-worker-never-readmitted",
-        path="src/anywool/runtime/_proxy.py",
+        path="src/anywool/runtime/client/_proxy.py",
         old="""        admitted.wakeup.set()  # its connection closes; reconnected, with back-off""",
         new="""        admitted.dropped = True
         admitted.wakeup.set()""",

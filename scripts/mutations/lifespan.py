@@ -3,8 +3,8 @@ last one, its failures said where they belong, what it yields reached by routine
 
 from mutate import Mutation
 
-_LIFESPAN = "src/anywool/runtime/_lifespan.py"
-_WORKER = "src/anywool/runtime/_worker.py"
+_LIFESPAN = "src/anywool/runtime/worker/_lifespan.py"
+_WORKER = "src/anywool/runtime/worker/_main.py"
 _TESTS = "tests/integration/test_lifespan.py"
 
 MUTATIONS: list[Mutation] = [
@@ -57,7 +57,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="lifespan-exit-not-cancelled-by-sigterm",
-        path="src/anywool/runtime/_server.py",
+        path="src/anywool/runtime/worker/_server.py",
         old="""            if signum == signal.SIGTERM:
                 self.stop.terminate()""",
         new="""            if signum == signal.SIGTERM:

@@ -5,7 +5,7 @@ a metric recorded, and OpenTelemetry left unimported when nobody configured it."
 from mutate import Mutation
 
 _TELEMETRY = "src/anywool/runtime/_telemetry.py"
-_CONNECTION = "src/anywool/runtime/_connection.py"
+_CONNECTION = "src/anywool/runtime/client/_connection.py"
 _TESTS = "tests/integration/test_telemetry.py"
 _UNIT = "tests/unit/test_telemetry_context.py"
 

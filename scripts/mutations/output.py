@@ -48,7 +48,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="output-default-off-in-the-pool",
-        path="src/anywool/runtime/_pool.py",
+        path="src/anywool/runtime/pool/_pool.py",
         old="forward_output: bool = True,",
         new="forward_output: bool = False,",
         tests=(RECORDS,),
@@ -56,7 +56,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="output-default-off-in-the-proxy",
-        path="src/anywool/runtime/_proxy.py",
+        path="src/anywool/runtime/client/_proxy.py",
         old="        forward_output: bool = True,\n        on_output: Callable[[OutputLine], object] | None = None,\n    ) -> None:\n        where",
         new="        forward_output: bool = False,\n        on_output: Callable[[OutputLine], object] | None = None,\n    ) -> None:\n        where",
         tests=(HOST,),
@@ -64,7 +64,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="output-off-switch-ignored-by-the-caller",
-        path="src/anywool/runtime/_connection.py",
+        path="src/anywool/runtime/client/_connection.py",
         old="self._output is not None if caller is None else relay is not None,",
         new="True if caller is None else relay is not None,",
         tests=(OFF,),
@@ -72,7 +72,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="output-off-switch-ignored-by-the-worker",
-        path="src/anywool/runtime/_server.py",
+        path="src/anywool/runtime/worker/_server.py",
         old="            forwarder = self._forwarders.get(frames) if request.forward else None",
         new="            forwarder = self._forwarders.get(frames)",
         tests=(OFF,),
@@ -96,7 +96,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="output-not-sent-before-the-return",
-        path="src/anywool/runtime/_server.py",
+        path="src/anywool/runtime/worker/_server.py",
         old="        if call.output is not None and call.output.dirty:\n            await call.output.flush()  # the output first",
         new="        if False:\n            await call.output.flush()  # the output first",
         tests=(ORDER,),
@@ -104,7 +104,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="output-not-sent-before-the-exception",
-        path="src/anywool/runtime/_server.py",
+        path="src/anywool/runtime/worker/_server.py",
         old="        if call.output is not None and call.output.dirty:\n            await call.output.flush()\n        if call.telemetry is not None:\n            call.telemetry.failed(exc)\n",
         new="        if call.telemetry is not None:\n            call.telemetry.failed(exc)\n",
         tests=(ORDER,),
@@ -128,7 +128,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="output-nested-not-relayed",
-        path="src/anywool/runtime/_connection.py",
+        path="src/anywool/runtime/client/_connection.py",
         old="relay = None if caller is None else _output.current()",
         new="relay = None",
         tests=(NESTED,),
@@ -217,7 +217,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="output-worker-passes-every-level",
-        path="src/anywool/runtime/_pool.py",
+        path="src/anywool/runtime/pool/_pool.py",
         old="return _output.lowest_level() if self._output_level is None else self._output_level",
         new="return logging.NOTSET if self._output_level is None else self._output_level",
         tests=(LEVELS,),
@@ -233,7 +233,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="output-off-switch-lowers-the-workers-level",
-        path="src/anywool/runtime/_pool.py",
+        path="src/anywool/runtime/pool/_pool.py",
         old="""        if not self._forward_output:
             return None
 """,

@@ -72,7 +72,7 @@ def routine(fn: Callable[P, AsyncIterator[Y]]) -> Callable[P, AsyncIterator[Y]]:
     ),
     Mutation(
         name="deadline-over-held-loop-reported-as-aborted",
-        path="src/anywool/runtime/_server.py",
+        path="src/anywool/runtime/worker/_server.py",
         old="""    with anyio.move_on_after(REPLY_TIMEOUT):
         await anyio.sleep_forever()""",
         new="""    await anyio.lowlevel.checkpoint()""",

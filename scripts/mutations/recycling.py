@@ -3,9 +3,9 @@ no new call, finishes those it runs, and is replaced before it leaves."""
 
 from mutate import Mutation
 
-_SERVER = "src/anywool/runtime/_server.py"
-_WORKER = "src/anywool/runtime/_worker.py"
-_POOL = "src/anywool/runtime/_pool.py"
+_SERVER = "src/anywool/runtime/worker/_server.py"
+_WORKER = "src/anywool/runtime/worker/_main.py"
+_POOL = "src/anywool/runtime/pool/_pool.py"
 _TESTS = "tests/integration/test_recycling.py"
 
 MUTATIONS: list[Mutation] = [
@@ -78,7 +78,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="recycling-exit-drops-calls-on-withdrawn-workers",
-        path="src/anywool/runtime/_proxy.py",
+        path="src/anywool/runtime/client/_proxy.py",
         old="""[c for _, c in self._ready.values()] + list(self._withdrawn)""",
         new="""[c for _, c in self._ready.values()]""",
         tests=(f"{_TESTS}::test_the_pools_own_call_on_a_retiring_worker_is_cancelled_at_exit",),
@@ -141,7 +141,7 @@ MUTATIONS += [
 MUTATIONS += [
     Mutation(
         name="recycling-max-memory-floor-missing",
-        path="src/anywool/runtime/_local_worker.py",
+        path="src/anywool/runtime/pool/_local_worker.py",
         old="""        "max_memory", max_memory, lower=MIN_MAX_MEMORY, upper=MAX_MAX_CALLS)""",
         new="""        "max_memory", max_memory, lower=1, upper=MAX_MAX_CALLS)""",
         tests=(f"{_TESTS}::test_bad_recycling_bounds_are_refused_at_construction",),
@@ -149,7 +149,7 @@ MUTATIONS += [
     ),
     Mutation(
         name="recycling-max-calls-floor-missing",
-        path="src/anywool/runtime/_local_worker.py",
+        path="src/anywool/runtime/pool/_local_worker.py",
         old="""    calls = None if max_calls is None else _validate.count("max_calls", max_calls,
                                                            upper=MAX_MAX_CALLS)""",
         new="""    calls = None if max_calls is None else _validate.count("max_calls", max_calls,
@@ -176,7 +176,7 @@ MUTATIONS += [
     ),
     Mutation(
         name="recycle-request-secret-not-checked",
-        path="src/anywool/runtime/_auth.py",
+        path="src/anywool/runtime/wire/_auth.py",
         old="    if not hmac.compare_digest(their_proof, expected):\n        with anyio",
         new="    if False:\n        with anyio",
         tests=(f"{_RECYCLE_TESTS}::test_a_wrong_secret_is_refused_and_nothing_is_recycled",),

@@ -88,7 +88,7 @@ MUTATIONS: list[Mutation] = [
     # -- the handshake (already pinned by tests/unit/test_auth.py) ---------------------------
     Mutation(
         name="worker-accepts-any-client-proof",
-        path="src/anywool/runtime/_auth.py",
+        path="src/anywool/runtime/wire/_auth.py",
         old="    if not hmac.compare_digest(their_proof, expected):\n        with anyio",
         new="    if False:\n        with anyio",
         tests=("tests/unit/test_auth.py::test_wrong_secret_is_rejected_on_both_sides",),
@@ -96,7 +96,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="client-accepts-any-worker-proof",
-        path="src/anywool/runtime/_auth.py",
+        path="src/anywool/runtime/wire/_auth.py",
         old="    if not hmac.compare_digest(their_proof, expected):\n        raise _Failed(\"the worker",
         new="    if False:\n        raise _Failed(\"the worker",
         tests=("tests/unit/test_auth.py::test_client_refuses_a_worker_that_cannot_prove_the_secret",),
@@ -104,7 +104,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="worker-without-secret-accepts-client-with-one",
-        path="src/anywool/runtime/_auth.py",
+        path="src/anywool/runtime/wire/_auth.py",
         old="    if mine & _FLAG_SECRET and not other & _FLAG_SECRET:",
         new="    if False:",
         tests=("tests/unit/test_auth.py::test_secret_on_one_side_only_is_named_on_both_sides",),
@@ -112,7 +112,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="handshake-ignores-a-reflected-hello",
-        path="src/anywool/runtime/_auth.py",
+        path="src/anywool/runtime/wire/_auth.py",
         old="if role == ours[_PREFIX:_PREFIX + 1] or theirs[-_NONCE:] == ours[-_NONCE:]:",
         new="if False:",
         tests=("tests/unit/test_auth.py::test_a_hello_reflected_back_is_refused_by_the_client",),
@@ -120,7 +120,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="proof-not-bound-to-the-address",
-        path="src/anywool/runtime/_auth.py",
+        path="src/anywool/runtime/wire/_auth.py",
         old="where = address.encode()",
         new="where = b''",
         tests=("tests/unit/test_auth.py::test_a_proof_for_another_address_is_rejected",),
@@ -128,7 +128,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="server-reads-past-a-failed-proof",
-        path="src/anywool/runtime/_auth.py",
+        path="src/anywool/runtime/wire/_auth.py",
         old="data += await channel.receive(size - len(data))",
         new="data += await channel.receive(65536)",
         tests=("tests/unit/test_auth.py::test_server_reads_nothing_past_a_failed_proof",),
@@ -136,7 +136,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="pool-listens-on-tcp-without-credentials",
-        path="src/anywool/runtime/_local_worker.py",
+        path="src/anywool/runtime/pool/_local_worker.py",
         old="    if credentials is None:\n        raise ValueError(\n            f\"host={host!r}",
         new="    if False:\n        raise ValueError(\n            f\"host={host!r}",
         tests=("tests/integration/test_tcp.py::"
@@ -145,7 +145,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="worker-listens-on-tcp-without-credentials",
-        path="src/anywool/runtime/_worker.py",
+        path="src/anywool/runtime/worker/_main.py",
         old="if address is not None and not address.is_unix and credentials is None:",
         new="if False:",
         tests=("tests/integration/test_dispatch_edges.py::"
@@ -163,7 +163,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="tls-encrypted-key-not-named",
-        path="src/anywool/runtime/_auth.py",
+        path="src/anywool/runtime/wire/_auth.py",
         old="    raise _EncryptedKey\n",
         new="    return b\"\"\n",
         tests=("tests/unit/test_auth.py::test_mutual_tls_refuses_an_encrypted_key",),
@@ -231,7 +231,7 @@ MUTATIONS: list[Mutation] = [
     # -- frames: at most 64 MiB --------------------------------------------------------------
     Mutation(
         name="frame-limit-8-mib",
-        path="src/anywool/runtime/_wire.py",
+        path="src/anywool/runtime/wire/_frames.py",
         old="DEFAULT_MAX_FRAME_SIZE = 64 * 1024 * 1024",
         new="DEFAULT_MAX_FRAME_SIZE = 8 * 1024 * 1024",
         tests=(f"{_LIMITS}::test_a_frame_of_exactly_64_mib_crosses",),
@@ -239,7 +239,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="frame-limit-65-mib",
-        path="src/anywool/runtime/_wire.py",
+        path="src/anywool/runtime/wire/_frames.py",
         old="DEFAULT_MAX_FRAME_SIZE = 64 * 1024 * 1024",
         new="DEFAULT_MAX_FRAME_SIZE = 65 * 1024 * 1024",
         tests=(f"{_LIMITS}::test_a_frame_one_byte_over_64_mib_is_neither_sent_nor_read",),
@@ -247,7 +247,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="frame-of-exactly-the-limit-not-sent",
-        path="src/anywool/runtime/_wire.py",
+        path="src/anywool/runtime/wire/_frames.py",
         old="    if length > max_frame_size:\n",
         new="    if length >= max_frame_size:\n",
         tests=(f"{_LIMITS}::test_a_frame_of_exactly_64_mib_crosses",),
@@ -255,7 +255,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="frame-of-exactly-the-limit-not-read",
-        path="src/anywool/runtime/_wire.py",
+        path="src/anywool/runtime/wire/_frames.py",
         old="        if length > self._max:\n            raise FrameError(",
         new="        if length >= self._max:\n            raise FrameError(",
         tests=(f"{_LIMITS}::test_a_frame_of_exactly_64_mib_crosses",),
@@ -263,7 +263,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="frame-over-the-limit-read",
-        path="src/anywool/runtime/_wire.py",
+        path="src/anywool/runtime/wire/_frames.py",
         old="        if length > self._max:\n            raise FrameError(",
         new="        if length > self._max + 1:\n            raise FrameError(",
         tests=(f"{_LIMITS}::test_a_frame_one_byte_over_64_mib_is_neither_sent_nor_read",),
@@ -271,7 +271,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="call-payload-over-the-limit-sent",
-        path="src/anywool/runtime/_connection.py",
+        path="src/anywool/runtime/client/_connection.py",
         old="        if size > limit:\n            raise PayloadTooLarge(f\"the call to {name}\"",
         new="        if size > limit + 1:\n            raise PayloadTooLarge(f\"the call to {name}\"",
         tests=("tests/integration/test_payloads.py::"
@@ -280,7 +280,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="result-payload-at-the-limit-refused",
-        path="src/anywool/runtime/_server.py",
+        path="src/anywool/runtime/worker/_server.py",
         old="        if payload.nbytes <= limit:\n            await frames.send_parts(kind,",
         new="        if payload.nbytes < limit:\n            await frames.send_parts(kind,",
         tests=("tests/integration/test_payloads.py::"
@@ -298,7 +298,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="spawn-upper-bound-lowered",
-        path="src/anywool/runtime/_pool.py",
+        path="src/anywool/runtime/pool/_pool.py",
         old='_validate.count("spawn", spawn, upper=MAX_SPAWN)',
         new='_validate.count("spawn", spawn, upper=MAX_SPAWN - 1)',
         tests=(f"{_LIMITS}::test_spawn_of_1024_is_accepted_and_1025_refused",),
@@ -306,7 +306,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="spawn-upper-bound-raised",
-        path="src/anywool/runtime/_pool.py",
+        path="src/anywool/runtime/pool/_pool.py",
         old="MAX_SPAWN = 1024",
         new="MAX_SPAWN = 1025",
         tests=(f"{_LIMITS}::test_spawn_of_1024_is_accepted_and_1025_refused",),
@@ -380,7 +380,7 @@ MUTATIONS: list[Mutation] = [
     # -- lease and max_concurrency: at most k -------------------------------------------------
     Mutation(
         name="proxy-lease-admits-one-more",
-        path="src/anywool/runtime/_proxy.py",
+        path="src/anywool/runtime/client/_proxy.py",
         old="return borrowed >= self._lease",
         new="return borrowed > self._lease",
         tests=("tests/unit/test_proxy.py::"
@@ -389,7 +389,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="worker-runs-one-over-its-bound",
-        path="src/anywool/runtime/_server.py",
+        path="src/anywool/runtime/worker/_server.py",
         old="self.stop.in_flight < self.max_concurrency",
         new="self.stop.in_flight <= self.max_concurrency",
         tests=("tests/integration/test_admission.py::"
@@ -398,7 +398,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="pool-sends-one-over-the-bound",
-        path="src/anywool/runtime/_connection.py",
+        path="src/anywool/runtime/client/_connection.py",
         old="self._running >= self._limit",
         new="self._running > self._limit",
         tests=("tests/integration/test_admission.py::test_each_place_freed_wakes_one_waiting_call",
@@ -461,7 +461,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="pool-uri-admits-any-tag",
-        path="src/anywool/runtime/_proxy.py",
+        path="src/anywool/runtime/client/_proxy.py",
         old="return not self.tags.isdisjoint(metadata.tags)",
         new="return True",
         tests=("tests/unit/test_proxy.py::"
@@ -470,7 +470,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="proxy-tags-admit-everything",
-        path="src/anywool/runtime/_proxy.py",
+        path="src/anywool/runtime/client/_proxy.py",
         old="return self._tags is None or self._tags <= metadata.tags",
         new="return True",
         tests=("tests/unit/test_proxy.py::"
@@ -479,7 +479,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="proxy-tags-admit-any-of-them",
-        path="src/anywool/runtime/_proxy.py",
+        path="src/anywool/runtime/client/_proxy.py",
         old="return self._tags is None or self._tags <= metadata.tags",
         new="return self._tags is None or not self._tags.isdisjoint(metadata.tags)",
         tests=("tests/unit/test_proxy.py::"
@@ -488,7 +488,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="pool-tags-not-applied",
-        path="src/anywool/runtime/_pool.py",
+        path="src/anywool/runtime/pool/_pool.py",
         old="tags=self._tags or None,",
         new="tags=None,",
         tests=("tests/integration/test_pool.py::"
@@ -498,7 +498,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="spawned-workers-lack-the-pool-tags",
-        path="src/anywool/runtime/_pool.py",
+        path="src/anywool/runtime/pool/_pool.py",
         old="tags = self._tags | ({namespace} if isinstance(namespace, str) else set())",
         new="tags = frozenset({namespace} if isinstance(namespace, str) else set())",
         tests=("tests/integration/test_pool.py::"
@@ -507,7 +507,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="spawned-workers-lack-the-namespace-tag",
-        path="src/anywool/runtime/_pool.py",
+        path="src/anywool/runtime/pool/_pool.py",
         old="tags = self._tags | ({namespace} if isinstance(namespace, str) else set())",
         new="tags = self._tags",
         tests=("tests/integration/test_pool.py::"

@@ -4,8 +4,8 @@ outlives the pool."""
 
 from mutate import Mutation
 
-_POOL = "src/anywool/runtime/_pool.py"
-_TEMPLATE = "src/anywool/runtime/_template.py"
+_POOL = "src/anywool/runtime/pool/_pool.py"
+_TEMPLATE = "src/anywool/runtime/pool/_template.py"
 _TESTS = "tests/integration/test_template.py"
 
 MUTATIONS: list[Mutation] = [

@@ -15,7 +15,7 @@ COUNTS = f"{STATS}::test_stats_count_calls_in_flight_served_and_busy_time"
 SUSPENDED = f"{STATS}::test_a_suspended_worker_is_reported_as_not_answering_within_the_timeout"
 DRAINING = f"{STATS}::test_stats_are_answered_while_the_worker_drains"
 TOP = f"{STATS}::test_top_once_and_json_show_each_workers_answer_and_refusals"
-SERVER = "src/anywool/runtime/_server.py"
+SERVER = "src/anywool/runtime/worker/_server.py"
 
 MUTATIONS: list[Mutation] = [
     # -- what the worker counts --------------------------------------------------------------
@@ -95,7 +95,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="top-connection-stats-timeout-unbounded",
-        path="src/anywool/runtime/_connection.py",
+        path="src/anywool/runtime/client/_connection.py",
         old="            with anyio.fail_after(timeout):\n                try:\n"
             "                    await frames.send(Frame(kind, request_id))",
         new="            with anyio.fail_after(timeout + 5):\n                try:\n"
@@ -105,7 +105,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="top-pool-stats-timeout-ignored",
-        path="src/anywool/runtime/_proxy.py",
+        path="src/anywool/runtime/client/_proxy.py",
         old="found[uid] = await connection.stats(timeout)",
         new="found[uid] = await connection.stats(timeout * 10)",
         tests=(SUSPENDED,),
@@ -114,7 +114,7 @@ MUTATIONS: list[Mutation] = [
     # -- authentication ------------------------------------------------------------------------
     Mutation(
         name="top-tcp-worker-serves-without-a-handshake",
-        path="src/anywool/runtime/_worker.py",
+        path="src/anywool/runtime/worker/_main.py",
         old="gate = _gatekeeper.Gatekeeper(credentials, str(announced), worker.handle)",
         new="gate = None",
         tests=(TOP,),

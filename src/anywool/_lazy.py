@@ -10,16 +10,17 @@ attributes and their modules here instead, and imports them for type checkers on
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from types import ModuleType
 from typing import Any
 
 
-def exports(package: str, where: Mapping[str, str]
+def exports(package: str, where: Mapping[str, str], internal: Collection[str] = ()
             ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` for ``package``, whose public name ``n`` lives in the module
     ``where[n]``; a name, once imported, is set on the package (later lookups are plain).
-    ``dir(package)`` lists the public API only."""
+    ``dir(package)`` lists the public API only: ``internal`` names subpackages that hold
+    machinery under names without an underscore (``anywool.runtime.wire``)."""
 
     def __getattr__(name: str) -> Any:
         module = where.get(name)
@@ -42,7 +43,8 @@ def exports(package: str, where: Mapping[str, str]
         # the version; not the machinery of the package's own header (TYPE_CHECKING, exports).
         namespace = vars(importlib.import_module(package))
         submodules = {name for name, value in namespace.items()
-                      if isinstance(value, ModuleType) and not name.startswith("_")}
+                      if isinstance(value, ModuleType) and not name.startswith("_")
+                      and name not in internal}
         return sorted(set(where) | submodules | ({"__version__"} & namespace.keys()))
 
     return __getattr__, __dir__

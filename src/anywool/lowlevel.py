@@ -19,7 +19,7 @@ announced in the release notes. Re-exports only; the machinery lives in private 
 
 from anywool.discovery._hub import SourceStats
 from anywool.discovery._hub import source_stats as discovery_stats
-from anywool.runtime._connection import CallNotDelivered, WorkerBusy, WorkerConnection
+from anywool.runtime.client._connection import CallNotDelivered, WorkerBusy, WorkerConnection
 
 __all__ = [
     "CallNotDelivered",

@@ -1,6 +1,6 @@
-"""``python -m anywool.worker``: run one worker process (see :mod:`anywool.runtime._worker`)."""
+"""``python -m anywool.worker``: run one worker process (see :mod:`anywool.runtime.worker._main`)."""
 
-from anywool.runtime._worker import main
+from anywool.runtime.worker._main import main
 
 if __name__ == "__main__":
     main()

@@ -32,7 +32,7 @@ from click.testing import CliRunner, Result
 from anywool.cli import main
 from anywool.discovery.etcd import EtcdDiscovery
 from anywool.metadata import WorkerMetadata
-from anywool.runtime._pool import WorkerPool
+from anywool.runtime.pool._pool import WorkerPool
 from tests.etcd import gateway
 from tests.etcd.cluster import EtcdMember
 from tests.integration.children import REPO, Child, start, stop

@@ -21,7 +21,7 @@ import pytest
 
 from anywool import LocalWorker, routine
 from anywool.lowlevel import CallNotDelivered, WorkerConnection
-from anywool.runtime._wire import Frame, FrameStream, Kind
+from anywool.runtime.wire._frames import Frame, FrameStream, Kind
 
 from ..helpers import call_payload, wait_until, worker_frames
 

@@ -35,7 +35,7 @@ Factors and levels
     The ``w_`` prefix keeps it apart from the anyio backend running the test in test ids.
 
 The context-manager forms need a choice: a context manager's result is taken as it is, never
-entered again (:mod:`anywool.runtime._resolve`). So the ``async_cm`` form enters the
+entered again (:mod:`anywool.runtime.client._resolve`). So the ``async_cm`` form enters the
 ``LocalDiscovery`` itself (``async with LocalDiscovery(ns) as d: yield d``), and the ``sync_cm``
 form, which cannot enter an async context manager, yields a ``LocalDiscovery`` that the test
 entered around the pool (the case "a discovery its caller already entered stays the caller's":

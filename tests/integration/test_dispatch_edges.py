@@ -21,8 +21,8 @@ from anywool import (
     WorkerPool,
     routine,
 )
-from anywool.runtime._connection import CallNotDelivered, WorkerConnection
-from anywool.runtime._wire import FrameStream
+from anywool.runtime.client._connection import CallNotDelivered, WorkerConnection
+from anywool.runtime.wire._frames import FrameStream
 
 from ..helpers import (call_payload, exception_of, follow, result_of, step_payload, take, wait_until,
                        worker_frames)
@@ -411,7 +411,7 @@ async def test_a_task_groups_exception_group_arrives_whole_on_both_backends():
 
 
 async def _raw_call(address: str, fn, args: tuple = ()):
-    from anywool.runtime._wire import Frame, Kind
+    from anywool.runtime.wire._frames import Frame, Kind
 
     stream = await anyio.connect_unix(address.removeprefix("unix:"))
     frames = await worker_frames(stream)
@@ -430,7 +430,7 @@ async def slow_steps(n: int):
 async def test_step_frames_a_call_cannot_use_end_that_call_only(routine_kind):
     # A coroutine takes no step frames; a generator takes one at a time. Anything more is a
     # protocol error that ends the call (nothing queues up), and the connection goes on.
-    from anywool.runtime._wire import Frame, FrameError, Kind
+    from anywool.runtime.wire._frames import Frame, FrameError, Kind
 
     with anyio.fail_after(30):
         async with LocalWorker() as worker:
@@ -539,7 +539,7 @@ async def seconds_left() -> float:
 
 
 async def test_the_callers_deadline_travels_with_the_call(tmp_path, monkeypatch):
-    from anywool.runtime._connection import _Call
+    from anywool.runtime.client._connection import _Call
 
     async def cancel_frame_lost(self) -> None:  # as if the CANCEL frame never arrived
         self.finished = True

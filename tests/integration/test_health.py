@@ -11,8 +11,8 @@ import pytest
 
 from anywool import routine
 from anywool.discovery.local import LocalDiscovery
-from anywool.runtime._local_worker import LocalWorker
-from anywool.runtime._pool import WorkerPool
+from anywool.runtime.pool._local_worker import LocalWorker
+from anywool.runtime.pool._pool import WorkerPool
 from anywool.testing import suspended
 
 from ..helpers import Signal, wait_until

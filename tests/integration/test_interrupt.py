@@ -3,7 +3,7 @@
 A routine that never awaits (a pure-Python loop, ``time.sleep``, a plain function of
 ``anywool.run_sync``) holds the worker's event loop, so its caller's cancel frame, its deadline
 and the worker's stop all wait for it. The worker's interrupter raises into it instead (see
-``anywool.runtime._interrupt``): its ``finally`` blocks run, the worker lives on. What cannot be
+``anywool.runtime.worker._interrupt``): its ``finally`` blocks run, the worker lives on. What cannot be
 reached (C code holding the GIL, a routine that swallows the interruption) costs the caller
 ``cancel_grace`` seconds, and a pool its worker: ended and replaced.
 

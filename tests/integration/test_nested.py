@@ -217,7 +217,7 @@ async def test_proxies_that_pickle_alike_share_one_proxy_on_each_worker(namespac
 
 async def test_a_worker_keeps_few_idle_proxies(namespace: str) -> None:
     from anywool import LocalDiscovery, WorkerProxy
-    from anywool.runtime._nested import MAX_IDLE
+    from anywool.runtime.worker._nested import MAX_IDLE
 
     with anyio.fail_after(60):
         async with WorkerPool(spawn=1, discovery=LocalDiscovery(namespace)):
@@ -323,7 +323,7 @@ async def proxies_kept() -> int:
     """How many nested-call proxies (entered or not) this worker's process holds."""
     import gc
 
-    from anywool.runtime._nested import _Host
+    from anywool.runtime.worker._nested import _Host
 
     return sum(isinstance(thing, _Host) for thing in gc.get_objects())
 

@@ -20,8 +20,8 @@ from anywool import LocalWorker, OutputLine, WorkerPool, WorkerProxy, routine
 from anywool.discovery.local import LocalDiscovery
 from anywool.lowlevel import WorkerConnection
 from anywool.runtime import _output
-from anywool.runtime._connection import drive_stream
-from anywool.runtime._wire import Frame, Kind
+from anywool.runtime.client._connection import drive_stream
+from anywool.runtime.wire._frames import Frame, Kind
 
 from ..helpers import Records
 from .children import stop

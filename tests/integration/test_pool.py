@@ -13,9 +13,9 @@ import pytest
 
 from anywool.discovery.local import LocalDiscovery
 from anywool.errors import RoutineCancelled
-from anywool.runtime._connection import WorkerConnection
-from anywool.runtime._local_worker import LocalWorker
-from anywool.runtime._pool import WorkerPool
+from anywool.runtime.client._connection import WorkerConnection
+from anywool.runtime.pool._local_worker import LocalWorker
+from anywool.runtime.pool._pool import WorkerPool
 from anywool.runtime._routine import routine
 
 from ..helpers import Signal

@@ -15,7 +15,7 @@ import anyio
 import psutil
 import pytest
 
-import anywool.runtime._pool as pool_module
+import anywool.runtime.pool._pool as pool_module
 from anywool import (
     DiscoveryEvent,
     DiscoveryNamespaceInUse,

@@ -17,8 +17,8 @@ import anyio.abc
 from anywool import LocalWorker, WorkerError, WorkerPool, routine
 from anywool._address import Address
 from anywool.lowlevel import WorkerConnection
-from anywool.runtime._auth import Credentials
-from anywool.runtime._wire import DEFAULT_MAX_FRAME_SIZE, Frame, FrameError, FrameStream, Kind
+from anywool.runtime.wire._auth import Credentials
+from anywool.runtime.wire._frames import DEFAULT_MAX_FRAME_SIZE, Frame, FrameError, FrameStream, Kind
 
 from ..helpers import Signal, call_payload, exception_of, step_payload, wait_until, worker_frames
 
@@ -229,7 +229,7 @@ async def test_a_worker_out_of_descriptors_waits_for_some_and_goes_on_serving(
 
 
 async def test_a_flood_of_unauthenticated_peers_holds_a_bounded_number_of_descriptors() -> None:
-    from anywool.runtime._gatekeeper import MAX_PENDING_HANDSHAKES
+    from anywool.runtime.worker._gatekeeper import MAX_PENDING_HANDSHAKES
 
     with anyio.fail_after(60):
         async with LocalWorker(host="127.0.0.1", secret=SECRET) as worker, WorkerConnection(
@@ -301,7 +301,7 @@ async def test_a_stream_its_worker_ended_while_suspended_says_it_was_cancelled(h
     # The worker answers the suspended call RoutineCancelled, then closes the connection: the
     # next step's send fails, and what the worker said is the answer, not the lost connection.
     from anywool import RoutineCancelled
-    from anywool.runtime._connection import drive_stream
+    from anywool.runtime.client._connection import drive_stream
 
     with anyio.fail_after(30):
         async with LocalWorker() as worker:
@@ -329,8 +329,8 @@ async def test_a_step_whose_send_fails_on_a_connection_left_open_fails_not_waits
 
     from anyio.abc import SocketAttribute
 
-    from anywool.runtime import _envelope, _serializer
-    from anywool.runtime._connection import drive_stream
+    from anywool.runtime.wire import _envelope, _serializer
+    from anywool.runtime.client._connection import drive_stream
 
     path = str(tmp_path / "fake.sock")  # (short enough for sun_path under pytest's tmp)
     with anyio.fail_after(20):

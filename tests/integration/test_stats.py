@@ -17,8 +17,8 @@ import sniffio
 
 from anywool import LocalDiscovery, LocalWorker, WorkerPool, WorkerStats, routine
 from anywool.lowlevel import CallNotDelivered, WorkerConnection
-from anywool.runtime import _envelope
-from anywool.runtime._wire import Frame, FrameError, FrameStream, Kind
+from anywool.runtime.wire import _envelope
+from anywool.runtime.wire._frames import Frame, FrameError, FrameStream, Kind
 
 from .children import REPO
 

@@ -20,11 +20,11 @@ from anywool._address import Address
 from anywool.discovery.local import LocalDiscovery
 from anywool.errors import AuthenticationError, NoWorkersAvailable
 from anywool.lowlevel import WorkerConnection
-from anywool.runtime._auth import Credentials, MutualTLS
-from anywool.runtime._local_worker import LocalWorker
-from anywool.runtime._pool import WorkerPool
+from anywool.runtime.wire._auth import Credentials, MutualTLS
+from anywool.runtime.pool._local_worker import LocalWorker
+from anywool.runtime.pool._pool import WorkerPool
 from anywool.runtime._routine import routine
-from anywool.runtime._wire import Frame, FrameStream, Kind
+from anywool.runtime.wire._frames import Frame, FrameStream, Kind
 
 from ..helpers import Touch, call_payload
 from .routines import countdown

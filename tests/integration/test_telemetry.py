@@ -38,8 +38,8 @@ from opentelemetry.util._once import Once  # noqa: E402
 from anywool import run_sync  # noqa: E402
 from anywool.errors import RoutineCancelled  # noqa: E402
 from anywool.runtime import _telemetry  # noqa: E402
-from anywool.runtime._pool import WorkerPool  # noqa: E402
-from anywool.runtime._proxy import WorkerProxy  # noqa: E402
+from anywool.runtime.pool._pool import WorkerPool  # noqa: E402
+from anywool.runtime.client._proxy import WorkerProxy  # noqa: E402
 from anywool.runtime._routine import routine  # noqa: E402
 
 from ..helpers import Signal, wait_until  # noqa: E402
@@ -366,7 +366,7 @@ async def test_no_trace_context_is_sent_without_a_provider(worker_otel: Path) ->
 async def test_a_worker_setup_module_that_fails_fails_the_start(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from anywool.errors import WorkerError
-    from anywool.runtime._local_worker import LocalWorker
+    from anywool.runtime.pool._local_worker import LocalWorker
 
     monkeypatch.setenv("ANYWOOL_WORKER_IMPORT", "tests.integration.no_such_setup_module")
     with anyio.fail_after(30), pytest.raises(WorkerError) as info:

@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 from anywool import LocalDiscovery, WorkerPool, routine
-from anywool.runtime._local_worker import LocalWorker, current_backend
-from anywool.runtime._template import (
+from anywool.runtime.pool._local_worker import LocalWorker, current_backend
+from anywool.runtime.pool._template import (
     UNKNOWN_CODE,
     Frames,
     Template,

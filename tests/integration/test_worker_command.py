@@ -17,7 +17,7 @@ import pytest
 from anywool._address import Address
 from anywool.discovery.local import LocalDiscovery
 from anywool.errors import AuthenticationError
-from anywool.runtime._pool import WorkerPool
+from anywool.runtime.pool._pool import WorkerPool
 
 from ..helpers import wait_until
 from .children import Child, start, stop

@@ -15,8 +15,8 @@ import pytest
 from anywool._address import Address
 from anywool.discovery.lan import LanDiscovery
 from anywool.errors import AuthenticationError
-from anywool.runtime._pool import WorkerPool
-from anywool.runtime._wire import Frame, FrameStream, Kind
+from anywool.runtime.pool._pool import WorkerPool
+from anywool.runtime.wire._frames import Frame, FrameStream, Kind
 
 from tests import netns
 from tests.helpers import Touch, call_payload, follow, wait_until

@@ -9,7 +9,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from anywool.runtime._asyncio_loop import WorkerEventLoop
+from anywool.runtime.worker._asyncio_loop import WorkerEventLoop
 
 KINDS = [SystemExit, KeyboardInterrupt]
 
@@ -218,7 +218,7 @@ def test_a_coroutine_run_to_completion_directly_ends_it_too() -> None:
 def test_the_hook_is_where_the_loop_expects_it() -> None:
     # Private to asyncio: on a Python that renamed it, workers fall back to the plain loop, and
     # this fails.
-    from anywool.runtime import _asyncio_loop
+    from anywool.runtime.worker import _asyncio_loop
 
     assert "_run_once" in vars(asyncio.BaseEventLoop) and "_run" in vars(asyncio.Handle)
     assert "_callback" in asyncio.Handle.__slots__

@@ -24,9 +24,9 @@ from anyio.abc import ByteStream, SocketAttribute, SocketStream
 from anyio.streams.tls import TLSAttribute, TLSStream
 
 from anywool.errors import AuthenticationError, WorkerError
-from anywool.runtime import _auth
-from anywool.runtime._auth import Credentials, MutualTLS, authenticate_client, authenticate_server
-from anywool.runtime._wire import Frame, FrameStream, Kind
+from anywool.runtime.wire import _auth
+from anywool.runtime.wire._auth import Credentials, MutualTLS, authenticate_client, authenticate_server
+from anywool.runtime.wire._frames import Frame, FrameStream, Kind
 
 pytestmark = pytest.mark.anyio
 

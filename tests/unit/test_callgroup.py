@@ -6,7 +6,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from anywool.runtime._callgroup import open_call_group, scope_factory
+from anywool.runtime.worker._callgroup import open_call_group, scope_factory
 
 pytestmark = pytest.mark.anyio
 

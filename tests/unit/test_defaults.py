@@ -20,7 +20,8 @@ import pytest
 from anywool import LocalDiscovery, WorkerPool, WorkerProxy
 from anywool.discovery import _hub
 from anywool.discovery.local import _claim
-from anywool.runtime import _gatekeeper, _interrupt, _local_worker, _nested, _pool, _worker
+from anywool.runtime.worker import _gatekeeper, _interrupt, _nested, _main
+from anywool.runtime.pool import _local_worker, _pool
 from anywool.testing import _pools, _settle
 from anywool.testing import hold_registry_lock, owner_process
 
@@ -77,7 +78,7 @@ DEFAULTS = [
     ("nested proxies kept unused", lambda: _nested.MAX_IDLE, 8, "when more than 8 are unused"),
     ("interrupt after the loop stood still", lambda: _interrupt.HELD_AFTER, 0.1,
      "when the loop has not turned for 0.1 s"),
-    ("lifeline delay", lambda: _worker._ORPHAN_GRACE, 5.0,
+    ("lifeline delay", lambda: _main._ORPHAN_GRACE, 5.0,
      "one held in C code by its lifeline 5 s later"),
     ("SIGTERM before SIGKILL", lambda: _local_worker._TERM_TIMEOUT, 3.0,
      "3 s for a worker that ignores its stop to obey SIGTERM before SIGKILL"),

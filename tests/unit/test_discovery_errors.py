@@ -19,8 +19,8 @@ from anywool import (
     DiscoveryWorkerNotFound,
     SerializationWarning,
 )
-from anywool.runtime import _exceptions as exceptions
-from anywool.runtime import _wire as wire
+from anywool.runtime.wire import _exceptions as exceptions
+from anywool.runtime.wire import _frames as wire
 
 FIELDS = {
     DiscoveryNamespaceInUse: ("namespace", "path", "owner_pid"),

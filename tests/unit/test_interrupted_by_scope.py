@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from anywool.runtime._server import _ended_by_its_scope
+from anywool.runtime.worker._server import _ended_by_its_scope
 
 pytestmark = pytest.mark.anyio
 

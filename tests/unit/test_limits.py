@@ -30,8 +30,8 @@ from anywool import (
 from anywool.cli._worker_command import _read_secret, worker as worker_command
 from anywool.discovery.local import _claim
 from anywool.metadata import WorkerMetadata
-from anywool.runtime import _wire
-from anywool.runtime._wire import Frame, FrameError, FrameStream, Kind
+from anywool.runtime.wire import _frames
+from anywool.runtime.wire._frames import Frame, FrameError, FrameStream, Kind
 from tests.helpers import worker
 
 pytestmark = pytest.mark.anyio
@@ -76,7 +76,7 @@ class _Sink(anyio.abc.ByteSendStream):
 
 
 async def test_a_frame_of_exactly_64_mib_crosses() -> None:
-    payload = bytes(FRAME_LIMIT - _wire.ENVELOPE_OVERHEAD)  # a body of exactly 64 MiB
+    payload = bytes(FRAME_LIMIT - _frames.ENVELOPE_OVERHEAD)  # a body of exactly 64 MiB
     sink = _Sink()
     with anyio.fail_after(30):
         await FrameStream(sink, _Chunks()).send(Frame(Kind.RESULT, 7, payload))
@@ -85,7 +85,7 @@ async def test_a_frame_of_exactly_64_mib_crosses() -> None:
         del sink
         frame = await FrameStream(_Sink(), _Chunks(sent)).receive()
     assert (frame.kind, frame.call_id, len(frame.payload)) == (Kind.RESULT, 7, len(payload))
-    assert _wire.payload_limit() == len(payload)  # what PayloadTooLarge is judged against
+    assert _frames.payload_limit() == len(payload)  # what PayloadTooLarge is judged against
 
 
 async def test_a_frame_one_byte_over_64_mib_is_neither_sent_nor_read() -> None:
@@ -93,10 +93,10 @@ async def test_a_frame_one_byte_over_64_mib_is_neither_sent_nor_read() -> None:
     with anyio.fail_after(30):
         with pytest.raises(FrameError, match=f"exceeds the maximum of {FRAME_LIMIT} bytes"):
             await FrameStream(sink, _Chunks()).send(
-                Frame(Kind.RESULT, 7, bytes(FRAME_LIMIT - _wire.ENVELOPE_OVERHEAD + 1)))
+                Frame(Kind.RESULT, 7, bytes(FRAME_LIMIT - _frames.ENVELOPE_OVERHEAD + 1)))
         assert sink.sent == []
         header = struct.pack(">I", FRAME_LIMIT + 1)
-        source = _Chunks(header, bytes(_wire.ENVELOPE_OVERHEAD))
+        source = _Chunks(header, bytes(_frames.ENVELOPE_OVERHEAD))
         with pytest.raises(FrameError, match=f"exceeds the maximum of {FRAME_LIMIT} bytes"):
             await FrameStream(_Sink(), source).receive()
     assert source.delivered == len(header)  # refused before any of its body was read

@@ -7,9 +7,9 @@ import pickle
 
 import pytest
 
-from anywool.runtime import _envelope
-from anywool.runtime._serializer import Pickled, dump, dumps, loads, loads_value
-from anywool.runtime._wire import FrameError
+from anywool.runtime.wire import _envelope
+from anywool.runtime.wire._serializer import Pickled, dump, dumps, loads, loads_value
+from anywool.runtime.wire._frames import FrameError
 
 BIG = 256 * 1024
 

@@ -28,3 +28,14 @@ def test_a_fresh_interpreter_lists_exactly_the_exports_and_the_version() -> None
     import anywool
 
     assert listed == sorted([*anywool.__all__, "__version__"])
+
+
+def test_the_runtimes_internal_packages_stay_out_of_dir_once_imported() -> None:
+    # wire/, client/, worker/ and pool/ are machinery, though their names have no underscore.
+    code = ("import anywool.runtime, anywool.runtime.pool._pool, anywool.runtime.worker._main; "
+            "print(' '.join(dir(anywool.runtime)))")
+    listed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, timeout=60).stdout.split()
+    import anywool.runtime
+
+    assert listed == sorted(anywool.runtime.__all__)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from anywool.cli._recycle_command import _POOL_EXTRA
-from anywool.runtime._envelope import (
+from anywool.runtime.wire._envelope import (
     MAX_REFUSAL,
     decode_recycle_answer,
     encode_recycle_answer,
 )
-from anywool.runtime._pool import POOL_EXTRA
-from anywool.runtime._wire import FrameError
+from anywool.runtime.pool._pool import POOL_EXTRA
+from anywool.runtime.wire._frames import FrameError
 
 
 def test_an_acceptance_and_a_refusal_round_trip() -> None:

@@ -7,8 +7,8 @@ import traceback
 
 import pytest
 
-from anywool.runtime._exceptions import dumps_exception, loads_exception
-from anywool.runtime._serializer import SerializationWarning, dumps, loads
+from anywool.runtime.wire._exceptions import dumps_exception, loads_exception
+from anywool.runtime.wire._serializer import SerializationWarning, dumps, loads
 
 
 def _raise_here(message: str) -> None:
@@ -274,7 +274,7 @@ def test_a_value_referring_to_main_travels_by_value() -> None:
 
     code = (
         "import pickle, sys\n"
-        "from anywool.runtime import _serializer\n"
+        "from anywool.runtime.wire import _serializer\n"
         "def triple(x):\n"
         "    return 3 * x\n"
         "data = _serializer.dumps((triple, 14))\n"
@@ -315,7 +315,7 @@ def test_an_interrupt_from_unpickling_is_the_users_except_in_a_worker(
     import pickle
 
     from anywool.errors import SerializationError
-    from anywool.runtime import _serializer
+    from anywool.runtime.wire import _serializer
 
     data = dumps(InterruptsWhenUnpickled())
     exception = dumps_exception(ValueError(InterruptsWhenUnpickled()))

@@ -13,9 +13,9 @@ import pytest
 from anyio.abc import SocketAttribute
 
 from anywool._address import Address
-from anywool.runtime import _socket
-from anywool.runtime._socket import SocketStream
-from anywool.runtime._wire import Frame, FrameStream, Kind
+from anywool.runtime.wire import _socket
+from anywool.runtime.wire._socket import SocketStream
+from anywool.runtime.wire._frames import Frame, FrameStream, Kind
 
 pytestmark = pytest.mark.anyio
 
@@ -218,9 +218,9 @@ def test_a_worker_imports_neither_discovery_nor_the_other_backend() -> None:
     # The package's names are imported on first use, so a worker's start-up costs only what
     # it runs: a trio worker imports no asyncio, no worker imports LAN discovery or zeroconf.
     code = (
-        "import sys; import anywool.runtime._worker; "
+        "import sys; import anywool.runtime.worker._main; "
         "print(sorted(m for m in ('asyncio', 'zeroconf', 'ifaddr', 'anywool.discovery.lan', "
-        "'anywool.runtime._auth', 'anywool.runtime._proxy') if m in sys.modules))"
+        "'anywool.runtime.wire._auth', 'anywool.runtime.client._proxy') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60, check=True)
@@ -243,7 +243,7 @@ async def test_frames_handed_over_while_waiting_keep_their_order_and_the_end_rea
     # Under asyncio the event loop hands arriving frames to the handler while the receiver
     # waits; under trio the receiver gets them. Either way: every frame once, in order, and
     # whatever ends the stream raised in the receiver.
-    from anywool.runtime._wire import FrameError, encode
+    from anywool.runtime.wire._frames import FrameError, encode
 
     a, b = pair
     reader = FrameStream(b, b)
@@ -287,7 +287,7 @@ async def test_an_error_the_frame_handler_raises_reaches_the_receiver(pair) -> N
     # the handler is never used and the receiver gets every frame.
     import sniffio
 
-    from anywool.runtime._wire import FrameError, encode
+    from anywool.runtime.wire._frames import FrameError, encode
 
     a, b = pair
     reader = FrameStream(b, b)

@@ -61,7 +61,7 @@ def test_the_trio_backend_without_trio_names_the_extra_to_install(
     import sys
 
     from anywool import _validate
-    from anywool.runtime._local_worker import LocalWorker
+    from anywool.runtime.pool._local_worker import LocalWorker
 
     assert _validate._missing("anywool_has_no_such_module") and not _validate._missing("anyio")
     # As where trio is not installed (restored after the test).

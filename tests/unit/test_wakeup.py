@@ -6,7 +6,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from anywool.runtime import _wakeup
+from anywool.runtime.client import _wakeup
 
 pytestmark = pytest.mark.anyio
 

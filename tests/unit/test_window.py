@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from anywool.runtime import _connection
-from anywool.runtime._connection import WorkerConnection, _Call
+from anywool.runtime.client import _connection
+from anywool.runtime.client._connection import WorkerConnection, _Call
 
 
 def _settled(connection: WorkerConnection, started: float) -> None:

@@ -7,8 +7,8 @@ import struct
 import anyio
 import pytest
 
-from anywool.runtime import _wire
-from anywool.runtime._wire import Frame, FrameError, FrameStream, Kind, encode
+from anywool.runtime.wire import _frames
+from anywool.runtime.wire._frames import Frame, FrameError, FrameStream, Kind, encode
 
 pytestmark = pytest.mark.anyio
 
@@ -133,14 +133,14 @@ def _socket_pair() -> tuple[FrameStream, FrameStream]:
     """Frames over both ends of a Unix socket pair (the raw-socket paths)."""
     import socket
 
-    from anywool.runtime._socket import SocketStream
+    from anywool.runtime.wire._socket import SocketStream
 
     left, right = (SocketStream(sock) for sock in socket.socketpair())
     return FrameStream(left, left), FrameStream(right, right)
 
 
 def _close(*frames: FrameStream) -> None:
-    from anywool.runtime._socket import SocketStream
+    from anywool.runtime.wire._socket import SocketStream
 
     for each in frames:
         stream = each.stream
@@ -155,7 +155,7 @@ def _random_bytes(size: int, seed: int = 0) -> bytes:
 
 
 async def test_a_payload_in_parts_arrives_as_if_joined() -> None:
-    from anywool.runtime._wire import Parts
+    from anywool.runtime.wire._frames import Parts
 
     big = _random_bytes(3 * 1024 * 1024)
     pieces = [b"head", big, bytearray(b"middle" * 5000), memoryview(big)[::-1].tobytes(), b""]
@@ -177,7 +177,7 @@ async def test_a_payload_in_parts_arrives_as_if_joined() -> None:
 
 async def test_large_payloads_in_parts_cross_a_tls_stream() -> None:
     # Over anything but a plain socket the parts go through the stream's own send.
-    from anywool.runtime._wire import Parts
+    from anywool.runtime.wire._frames import Parts
 
     big = _random_bytes(2 * 1024 * 1024, seed=1)
     sink = _Sink()
@@ -269,7 +269,7 @@ async def test_pending_finds_a_cancel_behind_many_small_frames() -> None:
     try:
         with anyio.fail_after(10):
             await _write_raw(sender, calls + encode(Frame(Kind.CANCEL, 5)))
-            assert len(calls) > 4 * _wire._PEEK_FIRST
+            assert len(calls) > 4 * _frames._PEEK_FIRST
             assert receiver.pending(Kind.CANCEL, 5)
             assert not receiver.pending(Kind.CANCEL, 6)
             assert receiver.pending(Kind.CALL, 409)
@@ -279,7 +279,7 @@ async def test_pending_finds_a_cancel_behind_many_small_frames() -> None:
 
 async def test_pending_says_no_when_the_cancel_lies_beyond_what_it_may_look_at(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_wire, "_PEEK_MAX", 512 * 1024)
+    monkeypatch.setattr(_frames, "_PEEK_MAX", 512 * 1024)
     big = _decoy_body(700 * 1024, call_id=5)
     sender, receiver = _socket_pair()
     try:

@@ -2,7 +2,7 @@
 
 The workers are those ``show`` lists (this host's runtime directory, or with ``--etcd URL`` an
 etcd cluster). Each worker a pool spawned carries that pool's id in its metadata
-(``extra["anywool.pool"]``, see :data:`~anywool.runtime._pool.POOL_EXTRA`): the workers with one
+(``extra["anywool.pool"]``, see :data:`~anywool.runtime.pool._pool.POOL_EXTRA`): the workers with one
 id are one *host* (an ``anywool worker`` command, or any spawning ``WorkerPool``); a worker
 without one is a host of its own. Hosts are recycled one at a time, in the order of their first
 worker in the listing:
@@ -10,7 +10,7 @@ worker in the listing:
 1. one of the host's workers is asked, over a connection of its own authenticated as a call
    is (a TCP worker by the handshake: the secret from ``--secret-file`` or ``$ANYWOOL_SECRET``,
    and/or ``--tls-*``; a Unix socket by its file mode), with a ``RECYCLE`` request (see
-   :mod:`anywool.runtime._envelope`); it passes it on to its pool, which runs
+   :mod:`anywool.runtime.wire._envelope`); it passes it on to its pool, which runs
    :meth:`WorkerPool.recycle <anywool.WorkerPool.recycle>` (one worker at a time, each
    replacement announced before the worker it replaces is withdrawn);
 2. the command reads the namespace again every 0.1 s until every worker the host had when it
@@ -46,8 +46,8 @@ from anywool.cli._ops import runtime_dir_option, short
 from anywool.cli._top_command import _Source, credentials_for, source_for
 from anywool.errors import AuthenticationError, WorkerError
 from anywool.metadata import WorkerMetadata
-from anywool.runtime import _auth
-from anywool.runtime._wire import FrameError
+from anywool.runtime.wire import _auth
+from anywool.runtime.wire._frames import FrameError
 
 __all__ = ["recycle"]
 
@@ -165,7 +165,7 @@ async def _run(source: _Source, credentials: _auth.Credentials | None, timeout: 
 async def _ask(host: _Host, credentials: _auth.Credentials | None,
                timeout: float) -> str | None:
     """Ask one of ``host``'s workers to have its pool recycle; why none did, else ``None``."""
-    from anywool.runtime._connection import WorkerConnection
+    from anywool.runtime.client._connection import WorkerConnection
 
     reasons: list[str] = []
     for metadata in host.workers:

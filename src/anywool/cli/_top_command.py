@@ -2,7 +2,7 @@
 
 The workers are those ``show`` lists (this host's runtime directory, or with ``--etcd URL`` an
 etcd cluster), read again at every refresh. Each is asked for its statistics over a connection
-of its own (a ``STATS`` frame, see :mod:`anywool.runtime._envelope`): a TCP worker only once
+of its own (a ``STATS`` frame, see :mod:`anywool.runtime.wire._envelope`): a TCP worker only once
 both sides authenticated (the secret from ``--secret-file``, else ``$ANYWOOL_SECRET``), a Unix
 socket's by its file mode. A worker that does not answer within ``--timeout`` seconds, refuses
 the connection or our credentials is shown as such, with the reason: that is what ``top`` is for,
@@ -60,9 +60,9 @@ from anywool.errors import (
     WorkerError,
 )
 from anywool.metadata import WorkerMetadata
-from anywool.runtime import _auth
-from anywool.runtime._stats import WorkerStats
-from anywool.runtime._wire import FrameError
+from anywool.runtime.wire import _auth
+from anywool.runtime.wire._stats import WorkerStats
+from anywool.runtime.wire._frames import FrameError
 
 __all__ = ["top"]
 
@@ -186,7 +186,7 @@ async def sample(metadata: WorkerMetadata, credentials: _auth.Credentials | None
                  timeout: float) -> _Sample:
     """Ask one worker for its statistics over a connection of its own, within about
     ``timeout`` seconds (plus the connection's bounded close)."""
-    from anywool.runtime._connection import WorkerConnection
+    from anywool.runtime.client._connection import WorkerConnection
 
     if credentials is None and not metadata.address.startswith("unix:"):
         return _Sample(metadata, None, "refused: no credentials for a TCP worker: pass "

@@ -59,8 +59,8 @@ from anywool.errors import (
     DiscoveryUnavailable,
     WorkerError,
 )
-from anywool.runtime._auth import MutualTLS
-from anywool.runtime._pool import MAX_SPAWN, WorkerPool
+from anywool.runtime.wire._auth import MutualTLS
+from anywool.runtime.pool._pool import MAX_SPAWN, WorkerPool
 
 __all__ = ["worker"]
 

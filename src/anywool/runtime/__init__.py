@@ -5,18 +5,18 @@ from typing import TYPE_CHECKING
 from anywool._lazy import exports
 
 if TYPE_CHECKING:
-    from anywool.runtime._auth import MutualTLS
+    from anywool.runtime.wire._auth import MutualTLS
     from anywool.runtime._context import ContextVar
-    from anywool.runtime._lifespan import WorkerInfo, current_worker
-    from anywool.runtime._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
-    from anywool.runtime._local_worker import LocalWorker
+    from anywool.runtime.worker._lifespan import WorkerInfo, current_worker
+    from anywool.runtime.client._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
+    from anywool.runtime.pool._local_worker import LocalWorker
     from anywool.runtime._output import OutputLine
-    from anywool.runtime._pool import WorkerPool
-    from anywool.runtime._proxy import WorkerProxy
-    from anywool.runtime._resolve import Factory, resolved
+    from anywool.runtime.pool._pool import WorkerPool
+    from anywool.runtime.client._proxy import WorkerProxy
+    from anywool.runtime.client._resolve import Factory, resolved
     from anywool.runtime._routine import RoutineTask, current_task, routine, run_sync
-    from anywool.runtime._serializer import SerializationWarning
-    from anywool.runtime._stats import WorkerStats
+    from anywool.runtime.wire._serializer import SerializationWarning
+    from anywool.runtime.wire._stats import WorkerStats
 
 __all__ = [
     "ContextVar",
@@ -41,22 +41,25 @@ __all__ = [
 
 _WHERE = {
     "ContextVar": "anywool.runtime._context",
-    "Factory": "anywool.runtime._resolve",
-    "LoadBalancerLike": "anywool.runtime._loadbalancer",
-    "LocalWorker": "anywool.runtime._local_worker",
-    "MutualTLS": "anywool.runtime._auth",
+    "Factory": "anywool.runtime.client._resolve",
+    "LoadBalancerLike": "anywool.runtime.client._loadbalancer",
+    "LocalWorker": "anywool.runtime.pool._local_worker",
+    "MutualTLS": "anywool.runtime.wire._auth",
     "OutputLine": "anywool.runtime._output",
-    "RoundRobinLoadBalancer": "anywool.runtime._loadbalancer",
+    "RoundRobinLoadBalancer": "anywool.runtime.client._loadbalancer",
     "RoutineTask": "anywool.runtime._routine",
-    "SerializationWarning": "anywool.runtime._serializer",
-    "WorkerPool": "anywool.runtime._pool",
-    "WorkerProxy": "anywool.runtime._proxy",
-    "WorkerInfo": "anywool.runtime._lifespan",
-    "WorkerStats": "anywool.runtime._stats",
+    "SerializationWarning": "anywool.runtime.wire._serializer",
+    "WorkerPool": "anywool.runtime.pool._pool",
+    "WorkerProxy": "anywool.runtime.client._proxy",
+    "WorkerInfo": "anywool.runtime.worker._lifespan",
+    "WorkerStats": "anywool.runtime.wire._stats",
     "current_task": "anywool.runtime._routine",
-    "current_worker": "anywool.runtime._lifespan",
-    "resolved": "anywool.runtime._resolve",
+    "current_worker": "anywool.runtime.worker._lifespan",
+    "resolved": "anywool.runtime.client._resolve",
     "routine": "anywool.runtime._routine",
     "run_sync": "anywool.runtime._routine",
 }
-__getattr__, __dir__ = exports(__name__, _WHERE)
+# The machinery, by side: the bytes between processes, the caller, a worker process, a host's
+# workers. Internal: dir() leaves them out once imported.
+_INTERNAL = ("wire", "client", "worker", "pool")
+__getattr__, __dir__ = exports(__name__, _WHERE, _INTERNAL)

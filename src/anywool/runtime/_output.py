@@ -44,15 +44,15 @@ from typing import IO, Any, Literal
 import anyio
 import anyio.lowlevel
 
-from anywool.runtime import _envelope as envelope
-from anywool.runtime._envelope import (
+from anywool.runtime.wire import _envelope as envelope
+from anywool.runtime.wire._envelope import (
     OUTPUT_DROPPED,
     OUTPUT_LINE,
     OUTPUT_RECORD,
     OutputEntry,
 )
-from anywool.runtime._peer import PEER_GONE
-from anywool.runtime._wire import Frame, FrameError, FrameStream, Kind
+from anywool.runtime.wire._peer import PEER_GONE
+from anywool.runtime.wire._frames import Frame, FrameError, FrameStream, Kind
 
 log = logging.getLogger("anywool.output")
 

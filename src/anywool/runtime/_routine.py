@@ -96,7 +96,7 @@ def routine(fn: Callable[P, Any]) -> Callable[P, Any]:
     """Decorate an ``async def`` or async generator function so that calls run on a worker.
 
     A coroutine routine, awaited, returns the worker's return value or raises the exception the
-    routine raised (type, message and traceback preserved; see :mod:`anywool.runtime._serializer`).
+    routine raised (type, message and traceback preserved; see :mod:`anywool.runtime.wire._serializer`).
     An async generator routine returns an async generator whose ``__anext__``, ``asend``,
     ``athrow`` and ``aclose`` each drive the remote generator by one step.
 

@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from typing import Any
 
-from anywool.runtime._stats import anywool_version
+from anywool.runtime.wire._stats import anywool_version
 
 #: The system name of the RPC semantic conventions.
 SYSTEM = "anywool"

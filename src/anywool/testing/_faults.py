@@ -26,7 +26,7 @@ from anywool.testing._settle import settle
 if TYPE_CHECKING:
     from anywool.discovery.local._binding import Binding
     from anywool.discovery.local._flock import locked
-    from anywool.runtime._pool import WorkerPool
+    from anywool.runtime.pool._pool import WorkerPool
 
 
 def kill_worker(pool: WorkerPool, sig: int = signal.SIGKILL) -> int:

@@ -65,7 +65,7 @@ async def main(namespace: str, spawn: int) -> int:
                 discovery = await stack.enter_async_context(LocalDiscovery(namespace))
                 workers: list[int] = []
                 if spawn:
-                    from anywool.runtime._pool import WorkerPool
+                    from anywool.runtime.pool._pool import WorkerPool
 
                     pool = await stack.enter_async_context(
                         WorkerPool(spawn=spawn, discovery=discovery, shutdown_timeout=2.0))

@@ -29,7 +29,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 log = logging.getLogger("anywool.testing")
 
-_MAX_SPAWN = 1024  # anywool.runtime._pool.MAX_SPAWN, without importing the runtime
+_MAX_SPAWN = 1024  # anywool.runtime.pool._pool.MAX_SPAWN, without importing the runtime
 _KILL_TIMEOUT = 5.0  # seconds SIGKILL gets to end the child
 
 

@@ -17,7 +17,7 @@ from anywool.testing._processes import Identity, kill_and_reap, state
 from anywool.testing._settle import GRACE, settle
 
 if TYPE_CHECKING:
-    from anywool.runtime._pool import WorkerPool
+    from anywool.runtime.pool._pool import WorkerPool
     from anywool.testing._tracked import TrackedWorkerPool
 
 #: What ``worker_pool(**kwargs)`` passes to :class:`~anywool.WorkerPool` unless told otherwise.

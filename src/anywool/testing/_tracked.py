@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from anywool.runtime._local_worker import LocalWorker
-from anywool.runtime._pool import WorkerPool
+from anywool.runtime.pool._local_worker import LocalWorker
+from anywool.runtime.pool._pool import WorkerPool
 from anywool.testing._processes import Identity, identify
 
 

@@ -39,16 +39,18 @@ from anywool._owner import SingleUse, exit_task_group
 from anywool._teardown import Budget, ExitWithin
 from anywool.discovery import DiscoveryLike, DiscoveryPublisherLike, DiscoverySubscriberLike
 from anywool.errors import WorkerError
-from anywool.runtime import _ctrl_c, _lifespan, _output
-from anywool.runtime._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
-from anywool.runtime._auth import MutualTLS
-from anywool.runtime._local_worker import (
+from anywool.runtime.client import _ctrl_c
+from anywool.runtime.worker import _lifespan
+from anywool.runtime import _output
+from anywool.runtime.client._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
+from anywool.runtime.wire._auth import MutualTLS
+from anywool.runtime.pool._local_worker import (
     LocalWorker,
     check_recycling,
     current_backend,
     tcp_endpoint,
 )
-from anywool.runtime._server import (
+from anywool.runtime.worker._server import (
     IDLE_TIMEOUT,
     NOTICE_CALL,
     NOTICE_IDLE,
@@ -56,14 +58,15 @@ from anywool.runtime._server import (
     REPORT_CALL,
     SUPERVISED,
 )
-from anywool.runtime._worker import MAX_CONCURRENCY, RETIRING
+from anywool.runtime.worker._main import MAX_CONCURRENCY, RETIRING
 from anywool.runtime._output import OutputLine
-from anywool.runtime._proxy import WorkerProxy
-from anywool.runtime._stats import WorkerStats
-from anywool.runtime._template import Template, TemplateUnavailable
-from anywool.runtime._resolve import expected_names, is_factory, resolved
+from anywool.runtime.client._proxy import WorkerProxy
+from anywool.runtime.wire._stats import WorkerStats
+from anywool.runtime.pool._template import Template, TemplateUnavailable
+from anywool.runtime.client._resolve import expected_names, is_factory, resolved
 
-log = logging.getLogger(__name__)
+# Named as before the runtime was split by side: users configure logging by this name.
+log = logging.getLogger("anywool.runtime._pool")
 
 #: The most workers one pool may spawn.
 MAX_SPAWN = 1024

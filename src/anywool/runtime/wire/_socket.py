@@ -4,7 +4,7 @@
 (Unix or TCP) on either backend, plus calls that never wait: :meth:`SocketStream.try_send`
 and :meth:`SocketStream.try_receive`, and for large payloads :meth:`SocketStream.try_send_many`
 (several buffers, one ``sendmsg``, nothing joined) and :meth:`SocketStream.try_receive_into`
-(``recv_into`` a buffer the caller owns). The frame codec (:mod:`anywool.runtime._wire`) uses
+(``recv_into`` a buffer the caller owns). The frame codec (:mod:`anywool.runtime.wire._frames`) uses
 those so that a frame the socket takes or holds at once costs one system call and no trip
 through the event loop; it waits (``anyio.wait_readable`` / ``anyio.wait_writable``) only when
 the socket would block. A Unix socket asks for 1 MiB send and receive buffers (see

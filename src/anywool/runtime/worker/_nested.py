@@ -1,7 +1,7 @@
 """Nested routines: the proxies a worker keeps so that its routines can call routines.
 
 Every call carries its *origin*: a key and the pickle of the proxy of the pool its call tree
-started from (:class:`~anywool.runtime._envelope.Origin`). A routine that calls a routine on a
+started from (:class:`~anywool.runtime.wire._envelope.Origin`). A routine that calls a routine on a
 worker dispatches through a proxy rebuilt from that pickle: one per origin on each worker,
 entered on first use by a task of the worker's own (a proxy is an owner, entered and exited in
 one task), and exited after ``idle_timeout`` seconds without a call, when more than
@@ -26,14 +26,15 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from anywool import _validate
-from anywool.runtime import _serializer as serializer
-from anywool.runtime._envelope import Origin
+from anywool.runtime.wire import _serializer as serializer
+from anywool.runtime.wire._envelope import Origin
 from anywool.runtime._routine import RoutineDispatcher
 
 if TYPE_CHECKING:  # imported at the first nested call: most workers never make one
-    from anywool.runtime._proxy import WorkerProxy
+    from anywool.runtime.client._proxy import WorkerProxy
 
-log = logging.getLogger(__name__)
+# Named as before the runtime was split by side: users configure logging by this name.
+log = logging.getLogger("anywool.runtime._nested")
 
 #: The environment variable a worker reads its ``idle_timeout`` from (seconds).
 IDLE_TIMEOUT_ENV = "ANYWOOL_PROXY_IDLE_TIMEOUT"
@@ -175,7 +176,7 @@ class _Host:
 
     async def _host(self, name: str, *, task_status: TaskStatus[None]) -> None:
         """The task that owns the proxy: enters it, exits it once it has been idle."""
-        from anywool.runtime._proxy import WorkerProxy
+        from anywool.runtime.client._proxy import WorkerProxy
 
         owner = self._owner
         proxy = serializer.loads_value(serializer.Pickled([self._origin[1]]), name, "the proxy of the pool it was "

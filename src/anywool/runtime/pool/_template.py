@@ -5,7 +5,7 @@ A worker started as ``python -m anywool.worker`` pays for an interpreter and its
 many, replaces them or recycles them pays it again and again. The template pays once: it
 starts as ``python -m anywool.runtime._template BACKEND``, imports what a worker on that
 backend runs, and then forks one child per request. The child becomes the worker
-(:func:`anywool.runtime._worker.main`) with the request's arguments, environment and working
+(:func:`anywool.runtime.worker._main.main`) with the request's arguments, environment and working
 directory, in a session of its own: the worker ``python -m anywool.worker`` would have been,
 without the start-up.
 
@@ -26,7 +26,7 @@ travel with a frame as ``SCM_RIGHTS``, and the frame's ``"fds"`` says how many:
 Lifetimes. The pool kills the template once its workers have stopped; at end-of-file on its
 socket (the pool died) the template exits by itself. Its
 workers do not depend on it: their lifeline watches the pool through a pidfd the template
-opened on it and they inherit (:mod:`anywool.runtime._lifeline`), and their stdin is the
+opened on it and they inherit (:mod:`anywool.runtime.worker._lifeline`), and their stdin is the
 pool's pipe, so a pool that dies takes them along. The pool signals them through their pidfds
 (never another process, whoever reaps them) and learns their exit codes from the template. A
 worker that outlives the template, or whose end a stopped or wedged template does not say, is
@@ -58,13 +58,14 @@ import anyio.lowlevel
 if TYPE_CHECKING:
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-log = logging.getLogger(__name__)
+# Named as before the runtime was split by side: users configure logging by this name.
+log = logging.getLogger("anywool.runtime._template")
 
 #: What the pool's end reports as the exit code of a worker that outlived the template (it
 #: ended, but nobody could tell how).
 UNKNOWN_CODE = 255
 #: The environment variable naming the descriptor of the pidfd on the pool a forked worker
-#: inherits (see :mod:`anywool.runtime._lifeline`); the worker's module says it too, so that
+#: inherits (see :mod:`anywool.runtime.worker._lifeline`); the worker's module says it too, so that
 #: a worker imports nothing of the template's.
 PARENT_PIDFD_ENV = "ANYWOOL_WORKER_PARENT_PIDFD"
 
@@ -81,10 +82,10 @@ _CODE_TIMEOUT = 2.0
 
 # What a worker imports before it serves (the rest is imported by what its routines run).
 # (shutil: argparse's help formatter imports it, for the terminal's size.)
-_PRELOAD = ("anywool.runtime._worker", "anywool.runtime._server", "anywool.runtime._callgroup",
+_PRELOAD = ("anywool.runtime.worker._main", "anywool.runtime.worker._server", "anywool.runtime.worker._callgroup",
             "anyio.to_thread", "anyio.streams.memory", "anyio.abc", "shutil")
 _PRELOAD_BACKEND = {
-    "asyncio": ("asyncio", "anyio._backends._asyncio", "anywool.runtime._asyncio_loop"),
+    "asyncio": ("asyncio", "anyio._backends._asyncio", "anywool.runtime.worker._asyncio_loop"),
     "trio": ("trio", "anyio._backends._trio"),
 }
 
@@ -657,7 +658,7 @@ def main() -> None:
     argv = _serve(backend)
     if argv is not None:  # a forked child
         sys.argv = ["anywool.worker", *argv]
-        from anywool.runtime._worker import main as worker_main
+        from anywool.runtime.worker._main import main as worker_main
 
         worker_main(argv)
 

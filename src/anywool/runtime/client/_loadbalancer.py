@@ -12,7 +12,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 from anywool.errors import NoWorkersAvailable
 from anywool.metadata import WorkerMetadata
-from anywool.runtime._connection import CallNotDelivered, WorkerConnection
+from anywool.runtime.client._connection import CallNotDelivered, WorkerConnection
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """Peer authentication of a worker connection: mutual TLS, a shared-secret handshake, or both.
 
 It runs once per TCP connection, right after connect (:func:`authenticate_client`) or accept
-(:func:`authenticate_server`), before the first frame of :mod:`anywool.runtime._wire`. It must
+(:func:`authenticate_server`), before the first frame of :mod:`anywool.runtime.wire._frames`. It must
 never unpickle anything, never read a length the peer chose, and never read more than the fixed
 sizes below before the peer is authenticated: frames are cloudpickle, so a peer that may send one
 may run code (DESIGN §8).
@@ -91,7 +91,7 @@ __all__ = [
 ]
 
 #: Seconds a client gives authentication (TLS included) from connect, by default. A worker gives
-#: its peers less, from accept: see :data:`anywool.runtime._gatekeeper.PENDING_HANDSHAKE_TIMEOUT`.
+#: its peers less, from accept: see :data:`anywool.runtime.worker._gatekeeper.PENDING_HANDSHAKE_TIMEOUT`.
 HANDSHAKE_TIMEOUT: float = 5.0
 
 VERSION = 1

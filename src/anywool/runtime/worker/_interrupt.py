@@ -26,7 +26,7 @@ tries again a period later); and the thread only decides to signal: it touches n
 
 A routine in C code that holds the GIL (no bytecode runs, no handler either) or that catches
 :class:`Interrupted` and goes on cannot be reached: its caller stops waiting after its
-``cancel_timeout``, and a pool ends the worker (see :mod:`anywool.runtime._pool`).
+``cancel_timeout``, and a pool ends the worker (see :mod:`anywool.runtime.pool._pool`).
 """
 
 from __future__ import annotations

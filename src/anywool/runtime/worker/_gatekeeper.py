@@ -3,8 +3,8 @@ flood of peers that never do cannot keep a real client out nor run the worker ou
 descriptors.
 
 Every accepted connection becomes a *pending handshake*: a task of the worker's event loop (no
-thread) running :func:`anywool.runtime._auth.authenticate_server` on the socket, which reads at
-most :data:`~anywool.runtime._auth.MAX_UNAUTHENTICATED_READ` bytes of handshake (TLS records
+thread) running :func:`anywool.runtime.wire._auth.authenticate_server` on the socket, which reads at
+most :data:`~anywool.runtime.wire._auth.MAX_UNAUTHENTICATED_READ` bytes of handshake (TLS records
 aside). The bounds:
 
 * At most :data:`MAX_PENDING_HANDSHAKES` (256) are pending at once, one socket descriptor each.
@@ -39,8 +39,8 @@ import anyio
 from anyio.abc import ByteStream, TaskGroup
 
 from anywool.errors import AuthenticationError
-from anywool.runtime import _auth
-from anywool.runtime._socket import SocketStream
+from anywool.runtime.wire import _auth
+from anywool.runtime.wire._socket import SocketStream
 
 log = logging.getLogger("anywool.worker")
 
@@ -48,7 +48,7 @@ log = logging.getLogger("anywool.worker")
 #: all taken, a new peer replaces the oldest.
 MAX_PENDING_HANDSHAKES: int = 256
 #: Seconds a peer has, from its accept, to complete its handshake (TLS included) with a worker.
-#: Shorter than the client's own bound (:data:`anywool.runtime._auth.HANDSHAKE_TIMEOUT`), which
+#: Shorter than the client's own bound (:data:`anywool.runtime.wire._auth.HANDSHAKE_TIMEOUT`), which
 #: also covers the wait in the listen backlog and a worker whose event loop is held.
 PENDING_HANDSHAKE_TIMEOUT: float = 2.0
 #: Seconds between two log lines about refused peers (the others are counted in the next).

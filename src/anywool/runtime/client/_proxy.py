@@ -34,25 +34,28 @@ from anywool._owner import SingleUse, exit_task_group
 from anywool.discovery import DiscoveryEvent, DiscoverySubscriberLike, afilter
 from anywool.errors import AuthenticationError, NoWorkersAvailable, WorkerError
 from anywool.metadata import WorkerMetadata
-from anywool.runtime import _auth, _output, _telemetry, _wakeup
-from anywool.runtime import _serializer as serializer
-from anywool.runtime._connection import (
+from anywool.runtime.wire import _auth
+from anywool.runtime import _output, _telemetry
+from anywool.runtime.client import _wakeup
+from anywool.runtime.wire import _serializer as serializer
+from anywool.runtime.client._connection import (
     CallNotDelivered,
     WorkerBusy,
     WorkerConnection,
     _Call,
     drive_stream,
 )
-from anywool.runtime._envelope import Origin
-from anywool.runtime._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
+from anywool.runtime.wire._envelope import Origin
+from anywool.runtime.client._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
 from anywool.runtime._output import OutputLine
-from anywool.runtime._resolve import is_context_manager
+from anywool.runtime.client._resolve import is_context_manager
 from anywool.runtime._routine import reset_active, set_active
-from anywool.runtime._stats import WorkerStats
-from anywool.runtime._wire import FrameError
-from anywool.runtime._wakeup import Wakeup
+from anywool.runtime.wire._stats import WorkerStats
+from anywool.runtime.wire._frames import FrameError
+from anywool.runtime.client._wakeup import Wakeup
 
-log = logging.getLogger(__name__)
+# Named as before the runtime was split by side: users configure logging by this name.
+log = logging.getLogger("anywool.runtime._proxy")
 
 # Reconnection backoff after a lost connection to a worker that is still announced (seconds).
 _BACKOFF_FIRST = 0.05
@@ -212,7 +215,7 @@ class WorkerProxy(SingleUse):
         ``on_output`` is given with ``forward_output=False``.
 
     A TCP worker is used only once both sides have authenticated (see
-    :mod:`anywool.runtime._auth`); one that fails is retried with backoff while it is
+    :mod:`anywool.runtime.wire._auth`); one that fails is retried with backoff while it is
     announced. When every admitted worker failed authentication and none is connected, a
     dispatch raises the latest :class:`~anywool.errors.AuthenticationError` at once.
 

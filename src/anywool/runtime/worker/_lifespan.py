@@ -117,7 +117,7 @@ def encode(factory: Lifespan, name: str = "worker_lifespan") -> str:
 
     :raises TypeError: it cannot be pickled, or pickles too large to hand over this way.
     """
-    from anywool.runtime import _serializer
+    from anywool.runtime.wire import _serializer
 
     try:
         data = _serializer.dumps(factory)
@@ -139,7 +139,7 @@ def from_environment() -> Lifespan | None:
     text = os.environ.pop(LIFESPAN_ENV, None)
     if not text:
         return None
-    from anywool.runtime import _serializer
+    from anywool.runtime.wire import _serializer
 
     try:
         factory = _serializer.loads(base64.b64decode(text, validate=True))

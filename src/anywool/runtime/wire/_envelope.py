@@ -8,7 +8,7 @@ A call, step or reply payload is a header, then the pickles it carries as raw se
 The header says what the frame carries and how long each section is, so that a worker reads a
 call's header, and names its routine in errors, without unpickling anything. A pickled field in
 the header is the list of its sections' sizes in bytes: its pickle stream, then each of its
-out-of-band buffers (see :class:`~anywool.runtime._serializer.Pickled`); ``nil`` when the frame
+out-of-band buffers (see :class:`~anywool.runtime.wire._serializer.Pickled`); ``nil`` when the frame
 carries none. The sections follow the header in the order of the fields, and end the payload
 exactly. The pickles stay out of msgpack so that nothing copies them: a sender writes the
 header and the pickle's own pieces with one vectored send, and a receiver hands the unpickler
@@ -57,17 +57,17 @@ Header fields by kind:
   Nothing in it is pickled: a malformed one is dropped by its receiver, never fails a call.
 * ``STATS``: empty from the client (other payloads are reserved, and ignored); from the worker
   a msgpack map of its statistics (:func:`encode_stats`: the fields of
-  :class:`~anywool.runtime._stats.WorkerStats` by name). Keys a client does not know are
+  :class:`~anywool.runtime.wire._stats.WorkerStats` by name). Keys a client does not know are
   ignored; a known key missing or of the wrong type fails that request
   (:func:`decode_stats`).
 * ``RECYCLE``: empty from the client (other payloads are reserved, and ignored); from the
   worker empty when it passed the request on to the pool that spawned it, else why not, in
   UTF-8 words (:func:`encode_recycle_answer`, :func:`decode_recycle_answer`).
 
-Encoders return :class:`~anywool.runtime._wire.Parts` (the pickles' pieces by reference, for
+Encoders return :class:`~anywool.runtime.wire._frames.Parts` (the pickles' pieces by reference, for
 ``FrameStream.send_parts``); decoders return each pickle as views of the payload they were
 given. Every decoder checks its kind's shape and raises
-:class:`~anywool.runtime._wire.FrameError`, so a malformed payload fails its call, never the
+:class:`~anywool.runtime.wire._frames.FrameError`, so a malformed payload fails its call, never the
 connection. No pickle is loaded here, no I/O done.
 """
 
@@ -80,9 +80,9 @@ from typing import Any, cast
 
 import msgpack
 
-from anywool.runtime._serializer import Buffer, Pickled
-from anywool.runtime._stats import WorkerStats
-from anywool.runtime._wire import _U64, FrameError, Parts
+from anywool.runtime.wire._serializer import Buffer, Pickled
+from anywool.runtime.wire._stats import WorkerStats
+from anywool.runtime.wire._frames import _U64, FrameError, Parts
 
 #: ``(key, pickled proxy)``: the pool a call tree started from (see :mod:`._nested`).
 Origin = tuple[bytes, bytes]

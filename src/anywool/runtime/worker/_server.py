@@ -1,8 +1,8 @@
 """The serving side of the worker protocol: one worker's connections, calls and replies.
 
 :class:`Server` handles each connection a worker accepts: it reads frames, runs each call in a
-task of that connection's task group, answers as :mod:`anywool.runtime._wire` says (see
-:mod:`anywool.runtime._wire` and :mod:`anywool.runtime._envelope`), admits at most
+task of that connection's task group, answers as :mod:`anywool.runtime.wire._frames` says (see
+:mod:`anywool.runtime.wire._frames` and :mod:`anywool.runtime.wire._envelope`), admits at most
 ``max_concurrency`` calls, and stops as it is told (:class:`_Stop`). A connection that closes
 cancels its calls; a call's failure, whatever a routine or its values do, fails that call only.
 
@@ -33,17 +33,19 @@ import sniffio
 from anyio.abc import ByteStream
 
 from anywool.errors import PayloadTooLarge, RoutineAborted, RoutineCancelled, SerializationError
-from anywool.runtime import _context, _interrupt, _output, _stats, _telemetry
-from anywool.runtime import _envelope as envelope
-from anywool.runtime import _exceptions
-from anywool.runtime import _serializer as serializer
-from anywool.runtime._callgroup import CallGroup, Scope, open_call_group, scope_factory
-from anywool.runtime._nested import NestedProxies
-from anywool.runtime._peer import PEER_GONE, PEER_HUNG_UP
+from anywool.runtime import _context, _output, _telemetry
+from anywool.runtime.worker import _interrupt
+from anywool.runtime.wire import _stats
+from anywool.runtime.wire import _envelope as envelope
+from anywool.runtime.wire import _exceptions
+from anywool.runtime.wire import _serializer as serializer
+from anywool.runtime.worker._callgroup import CallGroup, Scope, open_call_group, scope_factory
+from anywool.runtime.worker._nested import NestedProxies
+from anywool.runtime.wire._peer import PEER_GONE, PEER_HUNG_UP
 from anywool.runtime._routine import RoutineTask, routine_body, set_active, set_running
-from anywool.runtime._serializer import Pickled
-from anywool.runtime._stats import WorkerStats
-from anywool.runtime._wire import (
+from anywool.runtime.wire._serializer import Pickled
+from anywool.runtime.wire._stats import WorkerStats
+from anywool.runtime.wire._frames import (
     Frame,
     FrameError,
     FrameStream,
@@ -892,7 +894,7 @@ class Server:
         self.stop.request(0)
 
     def interrupter(self, parent: int | None = None) -> _interrupt.Interrupter:
-        """The interrupter of this worker's calls (see :mod:`anywool.runtime._interrupt`),
+        """The interrupter of this worker's calls (see :mod:`anywool.runtime.worker._interrupt`),
         made in the event loop: SIGTERM stops now, SIGINT drains forever; both are seen, and
         the calls that must end are interrupted, also while a routine holds the loop. With
         ``parent`` (a pidfd on the parent), the parent's exit stops now too (as

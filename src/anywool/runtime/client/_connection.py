@@ -37,17 +37,19 @@ from anywool.errors import (
     SerializationError,
     WorkerError,
 )
-from anywool.runtime import _auth, _context, _ctrl_c, _output, _socket, _telemetry, _wakeup
-from anywool.runtime import _envelope as envelope
-from anywool.runtime import _exceptions
-from anywool.runtime import _serializer as serializer
-from anywool.runtime._envelope import CallRequest, Origin, Step
-from anywool.runtime._serializer import Buffer, Pickled
-from anywool.runtime._stats import WorkerStats
-from anywool.runtime._peer import PEER_GONE
+from anywool.runtime.wire import _auth, _socket
+from anywool.runtime import _context, _output, _telemetry
+from anywool.runtime.client import _ctrl_c, _wakeup
+from anywool.runtime.wire import _envelope as envelope
+from anywool.runtime.wire import _exceptions
+from anywool.runtime.wire import _serializer as serializer
+from anywool.runtime.wire._envelope import CallRequest, Origin, Step
+from anywool.runtime.wire._serializer import Buffer, Pickled
+from anywool.runtime.wire._stats import WorkerStats
+from anywool.runtime.wire._peer import PEER_GONE
 from anywool.runtime._routine import running_task
-from anywool.runtime._wakeup import Wakeup
-from anywool.runtime._wire import (
+from anywool.runtime.client._wakeup import Wakeup
+from anywool.runtime.wire._frames import (
     DEFAULT_MAX_FRAME_SIZE,
     Frame,
     FrameError,
@@ -58,7 +60,8 @@ from anywool.runtime._wire import (
     shut_down,
 )
 
-log = logging.getLogger(__name__)
+# Named as before the runtime was split by side: users configure logging by this name.
+log = logging.getLogger("anywool.runtime._connection")
 
 _TERMINAL = frozenset({Kind.RETURN, Kind.END, Kind.EXCEPTION, Kind.NACK})
 # What says that a worker took a cancellation: it answered, or the call ended.
@@ -124,7 +127,7 @@ class WorkerConnection(SingleUse):
         the proxy that routines running for them dispatch their own calls through (``None``:
         no proxy; such routines cannot call routines).
     :param credentials: what to authenticate with to a TCP worker (see
-        :mod:`anywool.runtime._auth`); unused for a Unix socket.
+        :mod:`anywool.runtime.wire._auth`); unused for a Unix socket.
     :param output: where what routines log and print goes (see :mod:`anywool.runtime._output`);
         ``None``: calls ask the worker to keep it. A call made from a routine on a worker
         forwards as the call it is made from does, and relays what it gets to that call.

@@ -2,7 +2,7 @@
 
 Everything is cloudpickle: module-level functions travel by reference (the receiving process
 imports them, so it needs the sender's ``sys.path``), functions of ``__main__`` and closures by
-value. Exceptions cross through :mod:`anywool.runtime._exceptions`, which builds on this
+value. Exceptions cross through :mod:`anywool.runtime.wire._exceptions`, which builds on this
 module (each exception of a graph pickled on its own, with fallbacks).
 
 Values travel as :class:`Pickled`: the pickle stream in pieces plus its out-of-band buffers,

@@ -3,18 +3,18 @@
 It runs its own event loop on the requested backend, listens on a Unix socket in a directory of
 its own inside the runtime directory (``0600`` socket in ``0700`` directories: only the same user
 can dispatch; the directory is locked for the worker's life, see
-:mod:`anywool.runtime._socket_dir`), or on TCP (``--address host:port``, port ``0`` for any),
+:mod:`anywool.runtime.worker._socket_dir`), or on TCP (``--address host:port``, port ``0`` for any),
 and prints its address as one line on stdout. A frame is pickled code, so a TCP listener
-authenticates every peer before it reads a frame (:mod:`anywool.runtime._auth`), with the secret
+authenticates every peer before it reads a frame (:mod:`anywool.runtime.wire._auth`), with the secret
 its parent handed it (or ``$ANYWOOL_SECRET``) and/or mutual TLS (``--tls-cert``, ``--tls-key``,
 ``--tls-ca``); without credentials it refuses to listen on TCP. At most 256 handshakes are
 pending at once, 2 s each, the oldest dropped for a newcomer
-(:mod:`anywool.runtime._gatekeeper`). Bound to the wildcard
+(:mod:`anywool.runtime.worker._gatekeeper`). Bound to the wildcard
 (``0.0.0.0`` or ``::``) it announces a routable address of this host
 (:func:`anywool._interfaces.routable_host`). Everything it prints afterwards (including routines'
 ``print``) goes to stderr, so the pipe its parent reads can never fill up and block it.
 
-Calls run concurrently, served by :class:`~anywool.runtime._server.Server`; a connection that
+Calls run concurrently, served by :class:`~anywool.runtime.worker._server.Server`; a connection that
 closes cancels its calls. The worker stops:
 
 * on a stop request, a line ``stop <grace>`` on stdin: ``grace`` seconds to drain in-flight calls
@@ -24,7 +24,7 @@ closes cancels its calls. The worker stops:
   exits (seen on a pidfd, also while another process holds the pipe's write end): cancels now.
   If it has not exited 5 s after that (a routine that shields itself, or blocks the event loop,
   even in C code holding the GIL), its lifeline, a sidecar process forked at start-up
-  (:mod:`anywool.runtime._lifeline`), SIGKILLs it and removes its socket directory. Without
+  (:mod:`anywool.runtime.worker._lifeline`), SIGKILLs it and removes its socket directory. Without
   pidfds, or run by hand (no ``$ANYWOOL_WORKER_PARENT_PID``), a watchdog thread does the same
   5 s after stdin hangs up, when the GIL lets it run;
 * on SIGTERM: cancels now; on SIGINT: drains forever.
@@ -71,22 +71,16 @@ from anywool import _interfaces, _secret
 from anywool._address import Address
 from anywool._duration import seconds
 from anywool._errno import exhausted
-from anywool.runtime import (
-    _interrupt,
-    _lifeline,
-    _lifespan,
-    _output,
-    _socket,
-    _socket_dir,
-    _stats,
-    _telemetry,
-)
-from anywool.runtime import _serializer as serializer
-from anywool.runtime._nested import NestedProxies, idle_timeout_from_environment
-from anywool.runtime._server import REPLY_TIMEOUT, STOP_TAIL, Server
+from anywool.runtime.worker import _interrupt, _lifeline, _lifespan, _socket_dir
+from anywool.runtime import _output, _telemetry
+from anywool.runtime.wire import _socket, _stats
+from anywool.runtime.wire import _serializer as serializer
+from anywool.runtime.worker._nested import NestedProxies, idle_timeout_from_environment
+from anywool.runtime.worker._server import REPLY_TIMEOUT, STOP_TAIL, Server
 
 if TYPE_CHECKING:  # imported when needed: authentication only when there are credentials
-    from anywool.runtime import _auth, _gatekeeper
+    from anywool.runtime.wire import _auth
+    from anywool.runtime.worker import _gatekeeper
 
 log = logging.getLogger("anywool.worker")
 
@@ -98,7 +92,7 @@ RETIRING = "retiring "
 #: How often (seconds) a worker with a max_memory looks at its resident set.
 MEMORY_CHECK_INTERVAL = 0.1
 PARENT_PID_ENV = "ANYWOOL_WORKER_PARENT_PID"
-#: Set by the pool's template in the workers it forks (see :mod:`anywool.runtime._template`).
+#: Set by the pool's template in the workers it forks (see :mod:`anywool.runtime.pool._template`).
 PARENT_PIDFD_ENV = "ANYWOOL_WORKER_PARENT_PIDFD"
 UID_ENV = "ANYWOOL_WORKER_UID"
 NAMESPACE_ENV = "ANYWOOL_WORKER_NAMESPACE"
@@ -231,7 +225,7 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
         watchdog thread watches stdin instead (unless it is a terminal).
     :param control: the descriptor of the parent's pipe (stop requests, EOF), see
         :func:`_take_stdin`.
-    :param lifespan: the worker's lifespan (see :mod:`anywool.runtime._lifespan`); one that
+    :param lifespan: the worker's lifespan (see :mod:`anywool.runtime.worker._lifespan`); one that
         fails on entry is said on stdout instead of the address, and the worker exits 1.
     :param max_calls: retire after taking this many calls (``None``: never).
     :param max_memory: retire once the resident set passes this many bytes, looked at every
@@ -304,7 +298,7 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
                     return
                 gate = None
                 if not announced.is_unix:
-                    from anywool.runtime import _gatekeeper
+                    from anywool.runtime.worker import _gatekeeper
 
                     assert credentials is not None
                     gate = _gatekeeper.Gatekeeper(credentials, str(announced), worker.handle)
@@ -388,7 +382,7 @@ def _apply_parent_environment() -> None:
 
 def _start_lifeline(address: Address | None, home: Path | None) -> _lifeline.Lifeline | None:
     """Fork the sidecar that ends us if our parent dies, when the parent gave its pid (see
-    :mod:`anywool.runtime._lifeline`); exit at once, code 70, if that parent is already gone.
+    :mod:`anywool.runtime.worker._lifeline`); exit at once, code 70, if that parent is already gone.
 
     With neither ``address`` nor ``home`` the sidecar does not know the directory the listener
     will choose: after killing us it leaves it to the next claim's sweep.
@@ -471,7 +465,7 @@ def _credentials(parser: argparse.ArgumentParser,
     if secret is not None or wants_tls:
         # Only then the authentication machinery: the usual Unix worker of a pool without a
         # secret saves importing it, a few ms of every worker's start.
-        from anywool.runtime import _auth
+        from anywool.runtime.wire import _auth
 
         if wants_tls:
             if not (options.tls_cert and options.tls_ca):
@@ -553,7 +547,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(1) from None
     backend_options = {}
     if options.backend == "asyncio":
-        from anywool.runtime._asyncio_loop import loop_factory
+        from anywool.runtime.worker._asyncio_loop import loop_factory
 
         backend_options["loop_factory"] = loop_factory
     try:

@@ -6,13 +6,13 @@ cloudpickles). The length is checked against ``max_frame_size`` before any of th
 so a corrupt or hostile length never makes us allocate gigabytes.
 
 A worker first sends ``HELLO`` (call id 0) on every connection: what a client should know of
-it before it sends calls (its ``max_concurrency``; see :mod:`anywool.runtime._envelope`).
+it before it sends calls (its ``max_concurrency``; see :mod:`anywool.runtime.wire._envelope`).
 
 Per call the worker answers ``Ack (Return | Result* (Exception | End)) | Exception | Nack``:
 
 * ``CALL`` (client → worker) carries the routine, its arguments and what travels with them
   (the caller's deadline, context variables, the pool the call tree started from; see
-  :mod:`anywool.runtime._envelope` for every payload);
+  :mod:`anywool.runtime.wire._envelope` for every payload);
 * ``ACK`` says the worker accepted it, and is written before the routine runs; ``NACK`` that
   it refused it without running anything (it is stopping, or at its ``max_concurrency``: then
   it sends ``ROOM``, call id 0, once it has room again); ``EXCEPTION`` without an ``ACK``, that
@@ -64,7 +64,7 @@ import anyio.lowlevel
 from anyio.abc import ByteReceiveStream, ByteSendStream, ByteStream, SocketAttribute
 
 from anywool.errors import WoolError
-from anywool.runtime._socket import RECEIVE_SIZE, Buffer, SocketStream, advance
+from anywool.runtime.wire._socket import RECEIVE_SIZE, Buffer, SocketStream, advance
 
 DEFAULT_MAX_FRAME_SIZE = 64 * 1024 * 1024  # bytes
 
@@ -243,7 +243,7 @@ class FrameStream:
     :param receive_stream: where frames are read.
     :param max_frame_size: largest accepted body, in bytes (≥ 1), in both directions.
 
-    Over a :class:`~anywool.runtime._socket.SocketStream` (a plain Unix or TCP connection) a
+    Over a :class:`~anywool.runtime.wire._socket.SocketStream` (a plain Unix or TCP connection) a
     frame the socket takes, or holds, at once is written or read without waiting: one system
     call, no checkpoint. A receiver that finds frame after frame waiting lets other tasks run
     every 64 frames.
@@ -520,7 +520,7 @@ class FrameStream:
     def deliver_while_waiting(self, handler: Callable[[Frame], None]) -> None:
         """Let the event loop hand frames to ``handler`` itself while the receiver waits.
 
-        Under asyncio over a :class:`~anywool.runtime._socket.SocketStream`, the frames that
+        Under asyncio over a :class:`~anywool.runtime.wire._socket.SocketStream`, the frames that
         arrive while the one receiving task waits for bytes go straight to ``handler`` from
         the loop's readiness callback, in order, saving that task a wake-up per batch; the
         task itself still gets (from :meth:`receive`) every frame that was not handed over, the

@@ -29,7 +29,8 @@ import logging
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar, cast
 
-log = logging.getLogger(__name__)
+# Named as before the runtime was split by side: users configure logging by this name.
+log = logging.getLogger("anywool.runtime._asyncio_loop")
 
 _T = TypeVar("_T")
 

@@ -35,8 +35,8 @@ from typing import Any
 
 from tblib import pickling_support
 
-from anywool.runtime import _serializer
-from anywool.runtime._serializer import Buffer, SerializationWarning, dumps
+from anywool.runtime.wire import _serializer
+from anywool.runtime.wire._serializer import Buffer, SerializationWarning, dumps
 
 # One node of the graph, as it travels: its pickle (without links), the message and members of a
 # group (None otherwise), and the node numbers of its cause and context.
@@ -80,7 +80,7 @@ def loads_exception(data: Buffer) -> BaseException:
     all, returns a :class:`RuntimeError` that says so rather than raising.
 
     :raises KeyboardInterrupt: unpickling raised it, outside a worker (see
-        :func:`~anywool.runtime._serializer.take_interrupts_as_values`).
+        :func:`~anywool.runtime.wire._serializer.take_interrupts_as_values`).
     """
     exits = _serializer._UNPICKLING_EXITS  # read at each call: a worker widens it at start
     lost: list[str] = []

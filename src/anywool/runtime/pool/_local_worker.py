@@ -5,7 +5,7 @@ directory and with our ``sys.path``, so routines defined in our modules (and ``_
 cloudpickle sends by value) run there. Its stdin is a pipe we hold open for its whole life: a
 stop request is a line on it, and if we die (even by SIGKILL) the pipe closes and the worker
 stops by itself; it also watches our pid (``$ANYWOOL_WORKER_PARENT_PID``), and its lifeline
-kills it if it does not stop (see :mod:`anywool.runtime._lifeline`). So a worker never outlives
+kills it if it does not stop (see :mod:`anywool.runtime.worker._lifeline`). So a worker never outlives
 its parent.
 
 What this module must never do: leave a process unreaped, or a socket file behind.
@@ -36,11 +36,13 @@ from anywool._owner import SingleUse
 from anywool._teardown import graceful_then_forceful
 from anywool.errors import WorkerError
 from anywool.metadata import WorkerMetadata
-from anywool.runtime import _auth, _lifespan, _output, _socket_dir
-from anywool.runtime._peer import PEER_GONE
-from anywool.runtime._server import STOP_TAIL
-from anywool.runtime._template import ForkedProcess, Template, TemplateUnavailable
-from anywool.runtime._worker import (
+from anywool.runtime.wire import _auth
+from anywool.runtime.worker import _lifespan, _socket_dir
+from anywool.runtime import _output
+from anywool.runtime.wire._peer import PEER_GONE
+from anywool.runtime.worker._server import STOP_TAIL
+from anywool.runtime.pool._template import ForkedProcess, Template, TemplateUnavailable
+from anywool.runtime.worker._main import (
     MAX_CONCURRENCY,
     NAMESPACE_ENV,
     PARENT_PID_ENV,
@@ -49,9 +51,10 @@ from anywool.runtime._worker import (
     SYS_PATH_ENV,
     UID_ENV,
 )
-from anywool.runtime._stats import anywool_version
+from anywool.runtime.wire._stats import anywool_version
 
-log = logging.getLogger(__name__)
+# Named as before the runtime was split by side: users configure logging by this name.
+log = logging.getLogger("anywool.runtime._local_worker")
 
 # After the grace period: how long SIGTERM, then SIGKILL, get to end the process (seconds).
 _TERM_TIMEOUT = 3.0
@@ -153,7 +156,7 @@ class LocalWorker(SingleUse):
     :param lifespan: an async context manager factory (or ``"module:name"`` naming one) the
         worker enters before it takes calls and exits after its last one; routines reach what
         it yields as ``anywool.current_worker().state`` (see
-        :mod:`anywool.runtime._lifespan`). Its entry counts in ``startup_timeout``; one that
+        :mod:`anywool.runtime.worker._lifespan`). Its entry counts in ``startup_timeout``; one that
         raises there fails the start with a :class:`~anywool.errors.WorkerError` saying why.
     :param max_calls: the worker retires after taking this many calls (``int`` ≥ 1;
         ``None``: never): it refuses new calls (its callers try another worker), finishes
@@ -379,7 +382,7 @@ class LocalWorker(SingleUse):
     async def notice(self) -> str | None:
         """Wait for the worker's next notice, a line it writes to its parent after its address
         (``retiring <reason>``; to a pool that supervises it, see :meth:`tell`, ``recycle``,
-        ``idle`` and ``call``: see :class:`~anywool.runtime._server.Server`); ``None``: its
+        ``idle`` and ``call``: see :class:`~anywool.runtime.worker._server.Server`); ``None``: its
         process ended first, or it was stopped.
 
         :raises RuntimeError: the worker has not started.
@@ -398,7 +401,7 @@ class LocalWorker(SingleUse):
         return line.decode(errors="replace")
 
     async def tell(self, line: str) -> None:
-        """Send the worker one control line (see :class:`~anywool.runtime._server.Server`:
+        """Send the worker one control line (see :class:`~anywool.runtime.worker._server.Server`:
         ``supervised``, ``idle-timeout <seconds>``, ``report-call``), within a second; a
         worker that is gone, or does not read it within that, is not told (never raises an
         ``Exception``).
