@@ -34,7 +34,8 @@ def child(backend: str, connections: int) -> None:
     import trustme
     from anyio.abc import SocketAttribute, SocketStream
 
-    from anywool.runtime.wire._auth import Credentials, MutualTLS, authenticate_client, authenticate_server
+    from anywool._tls import MutualTLS
+    from anywool.runtime.wire._auth import Credentials, authenticate_client, authenticate_server
 
     with tempfile.TemporaryDirectory() as tmp:
         ca = trustme.CA()

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
         run_sync,
     )
 
-__version__ = "0.1.0"
+from anywool._version import __version__
 
 __all__ = [
     "AuthenticationError",

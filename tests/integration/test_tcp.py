@@ -20,7 +20,8 @@ from anywool._address import Address
 from anywool.discovery.local import LocalDiscovery
 from anywool.errors import AuthenticationError, NoWorkersAvailable
 from anywool.lowlevel import WorkerConnection
-from anywool.runtime.wire._auth import Credentials, MutualTLS
+from anywool._tls import MutualTLS
+from anywool.runtime.wire._auth import Credentials
 from anywool.runtime.pool._local_worker import LocalWorker
 from anywool.runtime.pool._pool import WorkerPool
 from anywool.runtime._routine import routine

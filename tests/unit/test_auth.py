@@ -25,7 +25,8 @@ from anyio.streams.tls import TLSAttribute, TLSStream
 
 from anywool.errors import AuthenticationError, WorkerError
 from anywool.runtime.wire import _auth
-from anywool.runtime.wire._auth import Credentials, MutualTLS, authenticate_client, authenticate_server
+from anywool._tls import MutualTLS
+from anywool.runtime.wire._auth import Credentials, authenticate_client, authenticate_server
 from anywool.runtime.wire._frames import Frame, FrameStream, Kind
 
 pytestmark = pytest.mark.anyio

@@ -220,7 +220,8 @@ def test_a_worker_imports_neither_discovery_nor_the_other_backend() -> None:
     code = (
         "import sys; import anywool.runtime.worker._main; "
         "print(sorted(m for m in ('asyncio', 'zeroconf', 'ifaddr', 'anywool.discovery.lan', "
-        "'anywool.runtime.wire._auth', 'anywool.runtime.client._proxy') if m in sys.modules))"
+        "'anywool.runtime.wire._auth', 'anywool._tls', 'anywool.runtime.client._proxy') "
+        "if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60, check=True)

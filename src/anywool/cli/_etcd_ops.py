@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from anywool.discovery._protocols import DiscoverySubscriberLike
     from anywool.discovery.etcd import EtcdDiscovery
     from anywool.discovery.etcd._gateway import Gateway
-    from anywool.runtime.wire._auth import MutualTLS
+    from anywool._tls import MutualTLS
 
 __all__ = [
     "DEFAULT_ENDPOINT",
@@ -115,7 +115,7 @@ class EtcdCluster:
             (the message names the option).
         """
         from anywool.discovery.etcd import _config
-        from anywool.runtime.wire._auth import MutualTLS
+        from anywool._tls import MutualTLS
 
         endpoints = etcd or (_config.DEFAULT_ENDPOINT,)
         try:

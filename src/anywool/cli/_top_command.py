@@ -60,6 +60,7 @@ from anywool.errors import (
     WorkerError,
 )
 from anywool.metadata import WorkerMetadata
+from anywool._tls import MutualTLS
 from anywool.runtime.wire import _auth
 from anywool.runtime.wire._stats import WorkerStats
 from anywool.runtime.wire._frames import FrameError
@@ -113,7 +114,7 @@ def top(namespace: str, interval: float, timeout: float, once: bool, secret_file
 
 
 
-def credentials_for(secret: bytes | None, tls: _auth.MutualTLS | None
+def credentials_for(secret: bytes | None, tls: MutualTLS | None
                     ) -> _auth.Credentials | None:
     """The credentials to reach a namespace's workers with (``$ANYWOOL_SECRET`` by default).
 

@@ -59,7 +59,7 @@ from anywool.errors import (
     DiscoveryUnavailable,
     WorkerError,
 )
-from anywool.runtime.wire._auth import MutualTLS
+from anywool._tls import MutualTLS
 from anywool.runtime.pool._pool import MAX_SPAWN, WorkerPool
 
 __all__ = ["worker"]

@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 from anywool._lazy import exports
 
 if TYPE_CHECKING:
-    from anywool.runtime.wire._auth import MutualTLS
+    from anywool._tls import MutualTLS
     from anywool.runtime._context import ContextVar
     from anywool.runtime.worker._lifespan import WorkerInfo, current_worker
     from anywool.runtime.client._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
@@ -44,7 +44,7 @@ _WHERE = {
     "Factory": "anywool.runtime.client._resolve",
     "LoadBalancerLike": "anywool.runtime.client._loadbalancer",
     "LocalWorker": "anywool.runtime.pool._local_worker",
-    "MutualTLS": "anywool.runtime.wire._auth",
+    "MutualTLS": "anywool._tls",
     "OutputLine": "anywool.runtime._output",
     "RoundRobinLoadBalancer": "anywool.runtime.client._loadbalancer",
     "RoutineTask": "anywool.runtime._routine",

@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from typing import Any
 
-from anywool.runtime.wire._stats import anywool_version
+from anywool._version import __version__
 
 #: The system name of the RPC semantic conventions.
 SYSTEM = "anywool"
@@ -154,11 +154,11 @@ def _refresh(tracer_provider: object, meter_provider: object) -> Telemetry | Non
                      else tracer_provider)
     if provider is not None and not isinstance(
             provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
-        tracer = provider.get_tracer("anywool", anywool_version())
+        tracer = provider.get_tracer("anywool", __version__)
     provider = metrics.get_meter_provider() if meter_provider is _MISSING else meter_provider
     if provider is not None and not isinstance(provider, metrics.NoOpMeterProvider) \
             and type(provider).__name__ != "_ProxyMeterProvider":
-        meter = provider.get_meter("anywool", anywool_version())
+        meter = provider.get_meter("anywool", __version__)
     state = None if tracer is None and meter is None else Telemetry(tracer, meter)
     _seen = (tracer_provider, meter_provider)
     return state

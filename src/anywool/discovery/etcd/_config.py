@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from anywool import _validate
-from anywool.runtime.wire._auth import MutualTLS
+from anywool._tls import MutualTLS
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:2379"
 DEFAULT_PREFIX = "/anywool"

@@ -34,6 +34,7 @@ from anywool._owner import SingleUse, exit_task_group
 from anywool.discovery import DiscoveryEvent, DiscoverySubscriberLike, afilter
 from anywool.errors import AuthenticationError, NoWorkersAvailable, WorkerError
 from anywool.metadata import WorkerMetadata
+from anywool._tls import MutualTLS
 from anywool.runtime.wire import _auth
 from anywool.runtime import _output, _telemetry
 from anywool.runtime.client import _wakeup
@@ -249,7 +250,7 @@ class WorkerProxy(SingleUse):
         cancel_timeout: float = ...,
         cancel_grace: float = ...,
         secret: bytes | str | None = ...,
-        tls: _auth.MutualTLS | None = ...,
+        tls: MutualTLS | None = ...,
         forward_output: bool = ...,
         on_output: Callable[[OutputLine], object] | None = ...,
     ) -> None: ...
@@ -270,7 +271,7 @@ class WorkerProxy(SingleUse):
         cancel_timeout: float = ...,
         cancel_grace: float = ...,
         secret: bytes | str | None = ...,
-        tls: _auth.MutualTLS | None = ...,
+        tls: MutualTLS | None = ...,
         forward_output: bool = ...,
         on_output: Callable[[OutputLine], object] | None = ...,
     ) -> None: ...
@@ -291,7 +292,7 @@ class WorkerProxy(SingleUse):
         cancel_timeout: float = 5.0,
         cancel_grace: float = 1.0,
         secret: bytes | str | None = None,
-        tls: _auth.MutualTLS | None = None,
+        tls: MutualTLS | None = None,
         forward_output: bool = True,
         on_output: Callable[[OutputLine], object] | None = None,
     ) -> None:

@@ -36,6 +36,7 @@ from anywool._owner import SingleUse
 from anywool._teardown import graceful_then_forceful
 from anywool.errors import WorkerError
 from anywool.metadata import WorkerMetadata
+from anywool._tls import MutualTLS
 from anywool.runtime.wire import _auth
 from anywool.runtime.worker import _lifespan, _socket_dir
 from anywool.runtime import _output
@@ -51,7 +52,7 @@ from anywool.runtime.worker._main import (
     SYS_PATH_ENV,
     UID_ENV,
 )
-from anywool.runtime.wire._stats import anywool_version
+from anywool._version import __version__
 
 # Named as before the runtime was split by side: users configure logging by this name.
 log = logging.getLogger("anywool.runtime._local_worker")
@@ -190,7 +191,7 @@ class LocalWorker(SingleUse):
         max_concurrency: int | None = None,
         host: str | None = None,
         secret: bytes | str | None = None,
-        tls: _auth.MutualTLS | None = None,
+        tls: MutualTLS | None = None,
         namespace: str | None = None,
         output_level: int | None = logging.NOTSET,
         lifespan: Callable[[], AbstractAsyncContextManager[Any]] | str | None = None,
@@ -309,7 +310,7 @@ class LocalWorker(SingleUse):
                 uid=self._uid,
                 address=address,
                 pid=process.pid,
-                version=anywool_version(),
+                version=__version__,
                 tags=self._tags,
                 extra=self._extra,
                 secure=self._bind is not None,

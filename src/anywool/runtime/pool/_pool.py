@@ -43,7 +43,7 @@ from anywool.runtime.client import _ctrl_c
 from anywool.runtime.worker import _lifespan
 from anywool.runtime import _output
 from anywool.runtime.client._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
-from anywool.runtime.wire._auth import MutualTLS
+from anywool._tls import MutualTLS
 from anywool.runtime.pool._local_worker import (
     LocalWorker,
     check_recycling,

@@ -67,7 +67,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
-import os
 import secrets
 import ssl
 from dataclasses import dataclass
@@ -78,13 +77,13 @@ from anyio.streams.tls import TLSStream
 
 from anywool import _secret
 from anywool._address import Address
+from anywool._tls import MutualTLS, context_for, ssl_text
 from anywool.errors import AuthenticationError, WorkerError
 
 __all__ = [
     "HANDSHAKE_TIMEOUT",
     "MAX_UNAUTHENTICATED_READ",
     "Credentials",
-    "MutualTLS",
     "authenticate_client",
     "authenticate_server",
     "peer_address",
@@ -107,162 +106,6 @@ _CLIENT_LABEL = b"anywool auth v1: client proof\x00"
 _WORKER_LABEL = b"anywool auth v1: worker proof\x00"
 #: The most the worker reads before the client is authenticated, in bytes.
 MAX_UNAUTHENTICATED_READ = _HELLO + _PROOF
-
-
-# -- mutual TLS --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, init=False)
-class MutualTLS:
-    """Mutual TLS from PEM files: each side presents a certificate from ``certfile`` (with its key
-    in ``keyfile``, or in ``certfile`` when ``None``) and verifies the peer's against the CA
-    bundle ``cafile`` (and only that bundle: the system's CAs are not trusted).
-
-    Just paths: it pickles as such, and every process loads the files itself (a worker on another
-    host needs them at the same paths). The files are read when it is made, to fail early, and
-    again by the first handshake of each process and whenever one of them changes (its mtime,
-    size or inode), so renewed certificates are used by the next connection.
-
-    :param certfile: a PEM file holding our certificate (and its chain), ``str`` or
-        ``os.PathLike``; stored as ``str``.
-    :param keyfile: a PEM file holding its private key, unencrypted; ``None`` when it is in
-        ``certfile``.
-    :param cafile: a PEM bundle of the CA certificates a peer's certificate must chain to.
-    :raises TypeError: a path is neither ``str`` nor ``os.PathLike[str]`` (``keyfile`` may also
-        be ``None``); the message names the parameter.
-    :raises ValueError: a file is missing, unreadable or does not load (no certificate in
-        ``certfile``, a key that is missing, encrypted or does not match, an empty or garbled CA
-        bundle); the message names the parameter, the path and what failed.
-    """
-
-    certfile: str
-    keyfile: str | None
-    cafile: str
-
-    def __init__(
-        self,
-        certfile: str | os.PathLike[str],
-        keyfile: str | os.PathLike[str] | None = None,
-        *,
-        cafile: str | os.PathLike[str],
-    ) -> None:
-        object.__setattr__(self, "certfile", _path(certfile, "certfile"))
-        object.__setattr__(self, "keyfile", None if keyfile is None else _path(keyfile, "keyfile"))
-        object.__setattr__(self, "cafile", _path(cafile, "cafile"))
-        self.__post_init__()
-
-    def __post_init__(self) -> None:
-        for parameter, path in (("certfile", self.certfile), ("keyfile", self.keyfile),
-                                ("cafile", self.cafile)):
-            if path is not None and not os.path.isfile(path):
-                what = "is not a file" if os.path.exists(path) else "does not exist"
-                raise ValueError(f"{parameter} {path!r} {what}")
-        for server_side in (True, False):
-            _cache[(self, server_side)] = (self._stamp(), self._build(server_side))
-
-    def server_context(self) -> ssl.SSLContext:
-        """A fresh context for the worker side: TLS 1.2 or later, our certificate, and a
-        certificate required from the client, verified against ``cafile``.
-
-        :raises ValueError: a file no longer loads (as at construction).
-        """
-        return self._build(server_side=True)
-
-    def client_context(self) -> ssl.SSLContext:
-        """A fresh context for the client side: TLS 1.2 or later, our certificate, the worker's
-        certificate required and verified against ``cafile``, its host name checked
-        (``check_hostname``).
-
-        :raises ValueError: a file no longer loads (as at construction).
-        """
-        return self._build(server_side=False)
-
-    def _build(self, server_side: bool) -> ssl.SSLContext:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server_side else ssl.PROTOCOL_TLS_CLIENT)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.verify_mode = ssl.CERT_REQUIRED  # the default on the client side already
-        # Report a peer that vanishes without a close_notify (OpenSSL 3 may hide it), as anyio does.
-        context.options &= ~getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
-        try:
-            context.load_verify_locations(cafile=self.cafile)
-        except (ssl.SSLError, OSError) as exc:
-            raise ValueError(f"cafile {self.cafile!r}: cannot load it as a PEM bundle of CA "
-                             f"certificates ({_ssl_text(exc)})") from None
-        if not context.get_ca_certs():
-            raise ValueError(f"cafile {self.cafile!r}: holds no CA certificate")
-        try:
-            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=self.certfile)
-        except (ssl.SSLError, OSError) as exc:
-            raise ValueError(f"certfile {self.certfile!r}: holds no PEM certificate "
-                             f"({_ssl_text(exc)})") from None
-        try:
-            context.load_cert_chain(self.certfile, self.keyfile, password=_no_password)
-        except _EncryptedKey:
-            parameter, path = ("keyfile", self.keyfile) if self.keyfile else ("certfile", self.certfile)
-            raise ValueError(f"{parameter} {path!r}: the private key is encrypted; anywool needs "
-                             "an unencrypted key file (readable by the user only)") from None
-        except (ssl.SSLError, OSError) as exc:
-            if self.keyfile is None:
-                where = f"certfile {self.certfile!r} (keyfile=None)"
-            else:
-                where = f"keyfile {self.keyfile!r}"
-            raise ValueError(f"{where}: cannot load a private key matching the certificate of "
-                             f"{self.certfile!r} ({_ssl_text(exc)})") from None
-        return context
-
-    def _stamp(self) -> tuple[object, ...]:
-        stamp: list[object] = []
-        for path in (self.certfile, self.keyfile, self.cafile):
-            if path is not None:
-                try:
-                    info = os.stat(path)
-                except OSError:
-                    stamp.append(None)
-                else:
-                    stamp.append((info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns))
-        return tuple(stamp)
-
-
-class _EncryptedKey(Exception):
-    pass
-
-
-def _no_password() -> bytes:
-    # Without a callback OpenSSL would prompt on the terminal for the pass phrase.
-    raise _EncryptedKey
-
-
-def _path(value: object, parameter: str) -> str:
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)  # pyright: ignore[reportUnknownArgumentType]
-    if not isinstance(value, str):
-        raise TypeError(f"{parameter} must be a str or os.PathLike[str], got {type(value).__name__}")
-    return value
-
-
-def _ssl_text(exc: BaseException) -> str:
-    if isinstance(exc, ssl.SSLError) and exc.reason:
-        return f"{exc.library or 'SSL'}: {exc.reason}"
-    return str(exc) or type(exc).__name__
-
-
-# (tls, server side) -> (file stamp, context): one context per process, rebuilt when a file
-# changes. Contexts stay in this process; a MutualTLS pickles as its paths only.
-_cache: dict[tuple[MutualTLS, bool], tuple[tuple[object, ...], ssl.SSLContext]] = {}
-
-
-def _context(tls: MutualTLS, server_side: bool) -> ssl.SSLContext:
-    """The cached context of ``tls`` for one side, rebuilt if a file changed.
-
-    :raises ValueError: a file does not load.
-    """
-    stamp = tls._stamp()  # pyright: ignore[reportPrivateUsage]
-    hit = _cache.get((tls, server_side))
-    if hit is not None and hit[0] == stamp:
-        return hit[1]
-    context = tls._build(server_side)  # pyright: ignore[reportPrivateUsage]
-    _cache[(tls, server_side)] = (stamp, context)
-    return context
 
 
 # -- credentials -------------------------------------------------------------------------------
@@ -548,7 +391,7 @@ async def _wrap(stream: ByteStream, tls: MutualTLS, *, server_side: bool,
                 hostname: str | None) -> TLSStream:
     peer = "client" if server_side else "worker"
     try:
-        context = _context(tls, server_side)
+        context = context_for(tls, server_side)
     except ValueError as exc:
         raise _Failed(f"our TLS files do not load: {exc}") from exc
     try:
@@ -556,9 +399,9 @@ async def _wrap(stream: ByteStream, tls: MutualTLS, *, server_side: bool,
                                     ssl_context=context, standard_compatible=False)
     except ssl.SSLCertVerificationError as exc:
         raise _Failed(f"the {peer}'s certificate does not verify: "
-                      f"{exc.verify_message or _ssl_text(exc)}") from exc
+                      f"{exc.verify_message or ssl_text(exc)}") from exc
     except ssl.SSLError as exc:
-        raise _Failed(f"the TLS handshake failed: {_ssl_text(exc)}"
+        raise _Failed(f"the TLS handshake failed: {ssl_text(exc)}"
                       f"{_not_tls_hint(exc, peer)}") from exc
     except (anyio.EndOfStream, anyio.BrokenResourceError, OSError) as exc:
         why = ("it may have rejected our certificate, or not speak TLS" if server_side else
@@ -633,7 +476,7 @@ async def _send(channel: ByteStream, data: bytes, gone: str) -> None:
     try:
         await channel.send(data)
     except ssl.SSLError as exc:  # before OSError, its base class
-        raise _Failed(f"{gone} ({_ssl_text(exc)})") from exc
+        raise _Failed(f"{gone} ({ssl_text(exc)})") from exc
     except (anyio.BrokenResourceError, anyio.EndOfStream, OSError) as exc:
         raise _Failed(gone) from exc
 
@@ -649,7 +492,7 @@ async def _read(channel: ByteStream, size: int, gone: str) -> bytes:
         while len(data) < size:
             data += await channel.receive(size - len(data))
     except ssl.SSLError as exc:  # a TLS alert (before OSError, its base class)
-        raise _Failed(f"{gone} (TLS alert: {_ssl_text(exc)})") from exc
+        raise _Failed(f"{gone} (TLS alert: {ssl_text(exc)})") from exc
     except (anyio.EndOfStream, anyio.BrokenResourceError, OSError) as exc:
         raise _Failed(gone + (f" ({len(data)} of {size} bytes came)" if data else "")) from exc
     return data

@@ -15,7 +15,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-__all__ = ["WorkerStats", "anywool_version", "memory"]
+__all__ = ["WorkerStats", "memory"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,12 +85,3 @@ def memory() -> tuple[int | None, bool]:
         return None, False
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return (peak if sys.platform == "darwin" else peak * 1024), True
-
-
-def anywool_version() -> str:
-    """The anywool version running (the package's ``__version__``, which the build writes into
-    its metadata: reading the metadata back instead imported ``importlib.metadata``, about
-    30 ms of the first worker's start)."""
-    from anywool import __version__
-
-    return __version__

@@ -464,7 +464,8 @@ def _credentials(parser: argparse.ArgumentParser,
     credentials = tls = None
     if secret is not None or wants_tls:
         # Only then the authentication machinery: the usual Unix worker of a pool without a
-        # secret saves importing it, a few ms of every worker's start.
+        # secret saves importing it (and ssl), a few ms of every worker's start.
+        from anywool._tls import MutualTLS
         from anywool.runtime.wire import _auth
 
         if wants_tls:
@@ -472,7 +473,7 @@ def _credentials(parser: argparse.ArgumentParser,
                 parser.error("mutual TLS needs --tls-cert and --tls-ca (and --tls-key unless "
                              "the key is in the certificate file)")
             try:
-                tls = _auth.MutualTLS(options.tls_cert, options.tls_key, cafile=options.tls_ca)
+                tls = MutualTLS(options.tls_cert, options.tls_key, cafile=options.tls_ca)
             except (TypeError, ValueError) as exc:
                 parser.error(str(exc))
         credentials = _auth.Credentials.resolve(secret, tls)

@@ -32,6 +32,7 @@ import anyio.lowlevel
 import sniffio
 from anyio.abc import ByteStream
 
+from anywool._version import __version__
 from anywool.errors import PayloadTooLarge, RoutineAborted, RoutineCancelled, SerializationError
 from anywool.runtime import _context, _output, _telemetry
 from anywool.runtime.worker import _interrupt
@@ -788,7 +789,7 @@ class Server:
         busy = stop.busy + (now - stop.busy_since if stop.in_flight else 0.0)
         rss, peak = _stats.memory()
         return WorkerStats(os.getpid(), _backend(), platform.python_version(),
-                           _stats.anywool_version(),
+                           __version__,
                            self.max_concurrency, stop.in_flight, stop.served, stop.returned,
                            stop.raised, stop.cancelled, busy, now - self._started_at, rss, peak)
 

@@ -1,0 +1,121 @@
+"""The package's layers import only downwards, lazy imports and type-checking ones included.
+
+The layers, lowest first (the architecture page draws them): the root vocabulary (errors,
+metadata, addresses, owners, ...), discovery, the wire (bytes between two processes), the
+features with one end in each process, the caller (client), one worker process (worker), this
+host's workers (pool), and on top the public modules, the command line and the pytest plugin.
+A module may import its own layer and any below it; an import that goes up is reported with
+its file and line, so that a new one fails here before it tangles the layers.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+#: Layers, lowest first: (name, the modules in it by dotted prefix). The first layer whose
+#: prefixes match a module's name (longest prefix wins) is its layer.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("root", ("anywool._", "anywool.errors", "anywool.metadata")),
+    ("discovery", ("anywool.discovery",)),
+    ("wire", ("anywool.runtime.wire",)),
+    ("shared", ("anywool.runtime._routine", "anywool.runtime._context",
+                "anywool.runtime._output", "anywool.runtime._telemetry")),
+    ("client", ("anywool.runtime.client",)),
+    ("worker", ("anywool.runtime.worker",)),
+    ("pool", ("anywool.runtime.pool",)),
+    ("top", ("anywool", "anywool.runtime", "anywool.runtime._template", "anywool.lowlevel",
+             "anywool.worker", "anywool.cli", "anywool.testing", "anywool._demo",
+             "anywool.__main__")),
+)
+
+
+def layer_of(module: str) -> int:
+    """The index in :data:`LAYERS` of ``module`` (a dotted name under ``anywool``)."""
+    best, found = -1, None
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            matches = module == prefix or module.startswith(prefix + ".") or (
+                prefix.endswith("_") and module.startswith(prefix))
+            if matches and len(prefix) > best:
+                best, found = len(prefix), index
+    if found is None:
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS")
+    return found
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported(path: Path, root: Path) -> list[tuple[int, str]]:
+    """``(line, module)`` for every import of an ``anywool`` module in ``path``, at any depth
+    (in functions, under ``TYPE_CHECKING``), ``from package import submodule`` resolved to
+    the submodule."""
+    name = module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                candidate = f"{source}.{alias.name}"
+                is_module = (root / Path(*candidate.split("."))).with_suffix(".py").exists() or (
+                    root / Path(*candidate.split(".")) / "__init__.py").exists()
+                found.append((node.lineno, candidate if is_module else source))
+    return [(line, module) for line, module in found
+            if module == "anywool" or module.startswith("anywool.")]
+
+
+def upward_imports(root: Path = SRC) -> list[str]:
+    wrong = []
+    for path in sorted((root / "anywool").rglob("*.py")):
+        importer = module_name(path, root)
+        level = layer_of(importer)
+        for line, module in imported(path, root):
+            if layer_of(module) > level:
+                wrong.append(f"{path.relative_to(root)}:{line}: {importer} ({LAYERS[level][0]}) "
+                             f"imports {module} ({LAYERS[layer_of(module)][0]})")
+    return wrong
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    assert upward_imports() == []
+
+
+@pytest.mark.parametrize(("module", "layer"), [
+    ("anywool.errors", "root"), ("anywool._tls", "root"),
+    ("anywool.discovery.local._claim", "discovery"),
+    ("anywool.runtime.wire._frames", "wire"), ("anywool.runtime._output", "shared"),
+    ("anywool.runtime.client._proxy", "client"), ("anywool.runtime.worker._server", "worker"),
+    ("anywool.runtime.pool._pool", "pool"), ("anywool.runtime", "top"),
+    ("anywool", "top"), ("anywool.cli._ops", "top"), ("anywool.runtime._template", "top"),
+])
+def test_modules_fall_in_their_layers(module: str, layer: str) -> None:
+    assert LAYERS[layer_of(module)][0] == layer
+
+
+def test_an_upward_import_is_reported(tmp_path: Path) -> None:
+    # A copy of the tree with one lazy import that goes up: the check names it.
+    tree = tmp_path / "src"
+    wire = tree / "anywool" / "runtime" / "wire"
+    wire.mkdir(parents=True)
+    (wire / "_frames.py").write_text(
+        "def f():\n    from anywool.runtime.pool._pool import WorkerPool\n")
+    (tree / "anywool" / "runtime" / "pool").mkdir()
+    (tree / "anywool" / "runtime" / "pool" / "_pool.py").write_text("")
+    assert upward_imports(tree) == ["anywool/runtime/wire/_frames.py:2: anywool.runtime.wire._frames (wire) "
+                     "imports anywool.runtime.pool._pool (pool)"]
