@@ -531,7 +531,7 @@ class WorkerConnection(SingleUse):
             except PEER_GONE:
                 return
 
-    # -- stats (issue 23) --------------------------------------------------------------------
+    # -- stats: what the worker says of itself ---------------------------------------------
 
     async def stats(self, timeout: float = 5.0) -> WorkerStats:
         """Ask the worker for its statistics (it answers at once, without starting a call:

@@ -986,7 +986,7 @@ class WorkerProxy(SingleUse):
             "waiting": len(self._waiting),
             "excluded": len(self._excluded),
         }
-    # -- stats (issue 23) ----------------------------------------------------------------------
+    # -- stats: what the admitted workers say of themselves ----------------------------------
 
     async def stats(self, timeout: float = 5.0) -> dict[UUID, WorkerStats | None]:
         """Ask every worker this proxy admitted for its statistics, all at once.

@@ -12,8 +12,8 @@ out-of-band buffers (see :class:`~anywool.runtime.wire._serializer.Pickled`); ``
 carries none. The sections follow the header in the order of the fields, and end the payload
 exactly. The pickles stay out of msgpack so that nothing copies them: a sender writes the
 header and the pickle's own pieces with one vectored send, and a receiver hands the unpickler
-views of the frame it received (before issue 20, msgpack ``bin`` fields: 16 MiB cost 20 ms to
-pack and 3 ms to unpack, a copy each way).
+views of the frame it received (as msgpack ``bin`` fields, 16 MiB cost 20 ms to pack and 3 ms
+to unpack, a copy each way).
 
 Header fields by kind:
 
@@ -452,7 +452,7 @@ def _pack_map(fields: dict[str, Any]) -> bytes:
     return cast(bytes, msgpack.packb(fields, use_bin_type=True))
 
 
-# -- STATS (issue 23) ---------------------------------------------------------------------------
+# -- STATS: what a worker says of itself ------------------------------------------------------
 
 # Each field of a STATS answer and what it must be (bool is never an int here).
 _STATS_FIELDS: dict[str, tuple[type, ...]] = {
@@ -496,7 +496,7 @@ def decode_stats(payload: Buffer) -> WorkerStats:
     return WorkerStats(**values)
 
 
-# -- RECYCLE (issue 24) -------------------------------------------------------------------------
+# -- RECYCLE: a worker asked to retire, and its answer ----------------------------------------
 
 #: The longest refusal a worker's ``RECYCLE`` answer carries (bytes): words, not data.
 MAX_REFUSAL = 1024

@@ -42,10 +42,10 @@ received in place: its payload gets a buffer of exactly its size (what the recei
 the read that brought its header, holds of it is moved there), which the socket reads straight
 into (``recv_into``) for as many bytes as are missing, and which becomes the frame's payload as it is. That buffer is
 the previous one's again when nothing refers to the previous one any more (a new
-``bytearray`` is zeroed and its memory faulted in as it is made). Before (issue 20), a large
-body grew the receive buffer 1 MiB at a time (each read a new ``bytes``, then appended, then
-the body copied out of the buffer): three copies of every byte, and the buffer's regrowth, on
-top of the kernel's, which is the only one now.
+``bytearray`` is zeroed and its memory faulted in as it is made). Growing the receive buffer
+as a large body arrived instead (1 MiB at a time, each read a new ``bytes``, then appended,
+then the body copied out of the buffer) would copy every byte three times and regrow the
+buffer on top of the kernel's copy, which is the only one left.
 
 This module does framing only; it knows nothing of routines or pickles.
 """

@@ -330,7 +330,7 @@ def _grow_buffers(sock: socket.socket) -> None:
     ``net.core.wmem_max``/``rmem_max``; a refusal is ignored).
 
     Unix sockets only: on TCP, setting them turns off Linux's autotuning, which may grow them
-    further. Measured (issue 20, 16 MiB echoes): with the default 208 KiB, a frame took
+    further. Measured on 16 MiB echoes: with the default 208 KiB, a frame took
     about 80 waits for the socket each way and the round trip 41-84 ms; with 1 MiB, 32-38 ms
     (4 MiB: 25-52 ms, the copies no longer in cache). Memory is taken only as data waits in
     the socket.

@@ -1,4 +1,4 @@
-"""A worker's statistics: what it says of itself when asked (a ``STATS`` frame, issue 23).
+"""A worker's statistics: what it says of itself when asked (a ``STATS`` frame).
 
 :class:`WorkerStats` is what a caller gets (``await pool.stats()``,
 :meth:`WorkerConnection.stats <anywool.lowlevel.WorkerConnection.stats>`, ``anywool top``);

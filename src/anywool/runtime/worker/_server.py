@@ -94,7 +94,7 @@ class _Stop:
         self.grace: float | None = None
         self.draining = False
         self.in_flight = 0
-        # Stats (issue 23): calls ended, by outcome (see Server.stats); seconds with a call in
+        # What stats() reports: calls ended, by outcome; seconds with a call in
         # flight, and since when (time.perf_counter()) the current such stretch runs.
         self.served = self.returned = self.raised = self.cancelled = 0
         self.busy = 0.0
@@ -264,7 +264,7 @@ class Server:
         self.idle_timeout: float | None = None
         self._idle_changed = anyio.Event()
         self.report_call = False
-        # Recycling (issue 24): after max_calls calls admitted, or when told to (its memory),
+        # Recycling: after max_calls calls admitted, or when told to (its memory),
         # the worker retires: it refuses new calls as busy, for good (its callers try another
         # worker, or wait for room, which a change of workers brings), finishes those it runs,
         # and says so once through on_retire (to its parent, which replaces it, then stops
@@ -780,7 +780,7 @@ class Server:
         except PEER_GONE:
             pass  # the client is gone; nobody to tell
 
-    # -- stats (issue 23) ----------------------------------------------------------------------
+    # -- stats: what the worker says of itself -----------------------------------------------
 
     def stats(self) -> WorkerStats:
         """What this worker says of itself when asked (see :class:`WorkerStats`)."""
@@ -797,7 +797,7 @@ class Server:
         await _send_quietly(frames, Frame(Kind.STATS, request_id,
                                           envelope.encode_stats(self.stats())))
 
-    # -- the pool that spawned this worker (issue 24) ------------------------------------------
+    # -- the pool that spawned this worker: notices and recycle requests ----------------------
 
     def _say(self, notice: str) -> None:
         if self._notify is not None:
