@@ -1,0 +1,33 @@
+"""Mutations of the package's layout: layers import only downwards, and the runtime's internal
+packages stay out of the public API."""
+
+from mutate import Mutation
+
+MUTATIONS: list[Mutation] = [
+    Mutation(
+        name="discovery-imports-the-runtime",
+        path="src/anywool/discovery/etcd/_config.py",
+        old="from anywool._tls import MutualTLS\n",
+        new="from anywool.runtime.wire._auth import MutualTLS\n",
+        tests=("tests/unit/test_layers.py::test_no_module_imports_a_layer_above_its_own",),
+        why="architecture: discovery never imports the runtime",
+    ),
+    Mutation(
+        name="wire-imports-the-front-door-lazily",
+        path="src/anywool/runtime/wire/_stats.py",
+        old="def memory() -> tuple[int | None, bool]:\n",
+        new="def _version() -> str:\n    from anywool import __version__\n\n    return __version__\n\n\n"
+            "def memory() -> tuple[int | None, bool]:\n",
+        tests=("tests/unit/test_layers.py::test_no_module_imports_a_layer_above_its_own",),
+        why="architecture: an import that goes up fails, a lazy one included",
+    ),
+    Mutation(
+        name="internal-packages-listed-by-dir",
+        path="src/anywool/_lazy.py",
+        old="                      and name not in internal}",
+        new="}",
+        tests=("tests/unit/test_public_api.py::"
+               "test_the_runtimes_internal_packages_stay_out_of_dir_once_imported",),
+        why="dir(anywool.runtime) lists the public API only",
+    ),
+]
