@@ -37,8 +37,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="dir-shows-the-package-header",
         path="src/anywool/_lazy.py",
-        old="""                      if isinstance(value, ModuleType) and not name.startswith("_")}""",
-        new="""                      if not name.startswith("_")}""",
+        old="""                      if isinstance(value, ModuleType) and not name.startswith("_")\n""",
+        new="""                      if not name.startswith("_")\n""",
         tests=("tests/unit/test_public_api.py",),
         why="issue 25: dir(anywool) lists the public API only",
     ),

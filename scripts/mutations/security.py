@@ -163,7 +163,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="tls-encrypted-key-not-named",
-        path="src/anywool/runtime/wire/_auth.py",
+        path="src/anywool/_tls.py",
         old="    raise _EncryptedKey\n",
         new="    return b\"\"\n",
         tests=("tests/unit/test_auth.py::test_mutual_tls_refuses_an_encrypted_key",),

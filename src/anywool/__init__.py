@@ -60,7 +60,7 @@ if TYPE_CHECKING:
         run_sync,
     )
 
-from anywool._version import __version__
+from anywool._version import __version__ as __version__  # re-exported: anywool.__version__
 
 __all__ = [
     "AuthenticationError",
