@@ -50,15 +50,16 @@ from anywool.runtime.pool._local_worker import (
     current_backend,
     tcp_endpoint,
 )
-from anywool.runtime.worker._server import (
+from anywool.runtime.worker._contract import (
     IDLE_TIMEOUT,
+    MAX_CONCURRENCY,
     NOTICE_CALL,
     NOTICE_IDLE,
     NOTICE_RECYCLE,
     REPORT_CALL,
+    RETIRING,
     SUPERVISED,
 )
-from anywool.runtime.worker._main import MAX_CONCURRENCY, RETIRING
 from anywool.runtime._output import OutputLine
 from anywool.runtime.client._proxy import WorkerProxy
 from anywool.runtime.wire._stats import WorkerStats

@@ -55,6 +55,8 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
+from anywool.runtime.worker._contract import PARENT_PIDFD_ENV
+
 if TYPE_CHECKING:
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
@@ -64,10 +66,6 @@ log = logging.getLogger("anywool.runtime._template")
 #: What the pool's end reports as the exit code of a worker that outlived the template (it
 #: ended, but nobody could tell how).
 UNKNOWN_CODE = 255
-#: The environment variable naming the descriptor of the pidfd on the pool a forked worker
-#: inherits (see :mod:`anywool.runtime.worker._lifeline`); the worker's module says it too, so that
-#: a worker imports nothing of the template's.
-PARENT_PIDFD_ENV = "ANYWOOL_WORKER_PARENT_PIDFD"
 
 _LENGTH = struct.Struct(">I")
 # The most descriptors one frame carries (a request: 3; a reply: 1).

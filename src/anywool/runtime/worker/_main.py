@@ -41,7 +41,8 @@ It passes the worker's uid and namespace in ``$ANYWOOL_WORKER_UID`` and
 ``$ANYWOOL_WORKER_NAMESPACE``, for its spans (:mod:`anywool.runtime._telemetry`). The modules
 named in ``$ANYWOOL_WORKER_IMPORT`` (comma-separated; inherited, not consumed) are imported once
 the worker is set up, before it serves: where a user configures an OpenTelemetry SDK, say. One
-that fails to import fails the start (its error is the line on stdout).
+that fails to import fails the start (its error is the line on stdout). Every such name, line
+and bound, and what each side does with it, is in :mod:`anywool.runtime.worker._contract`.
 """
 
 
@@ -75,8 +76,24 @@ from anywool.runtime.worker import _interrupt, _lifeline, _lifespan, _socket_dir
 from anywool.runtime import _output, _telemetry
 from anywool.runtime.wire import _socket, _stats
 from anywool.runtime.wire import _serializer as serializer
+from anywool.runtime.worker._contract import (
+    IMPORT_ENV,
+    LIFESPAN_ENV,
+    MAX_CONCURRENCY,
+    NAMESPACE_ENV,
+    ORPHANED_EXIT_CODE,
+    OUTPUT_LEVEL_ENV,
+    PARENT_PID_ENV,
+    PARENT_PIDFD_ENV,
+    RETIRING,
+    SECRET_ENV,
+    STARTUP_ERROR,
+    STOP_TAIL,
+    SYS_PATH_ENV,
+    UID_ENV,
+)
 from anywool.runtime.worker._nested import NestedProxies, idle_timeout_from_environment
-from anywool.runtime.worker._server import REPLY_TIMEOUT, STOP_TAIL, Server
+from anywool.runtime.worker._server import REPLY_TIMEOUT, Server
 
 if TYPE_CHECKING:  # imported when needed: authentication only when there are credentials
     from anywool.runtime.wire import _auth
@@ -84,28 +101,14 @@ if TYPE_CHECKING:  # imported when needed: authentication only when there are cr
 
 log = logging.getLogger("anywool.worker")
 
-SYS_PATH_ENV = "ANYWOOL_WORKER_SYS_PATH"
-#: What the line on stdout starts with when the worker cannot start, instead of an address.
-STARTUP_ERROR = "error: "
-#: The line a retiring worker writes to its parent, before the reason.
-RETIRING = "retiring "
 #: How often (seconds) a worker with a max_memory looks at its resident set.
 MEMORY_CHECK_INTERVAL = 0.1
-PARENT_PID_ENV = "ANYWOOL_WORKER_PARENT_PID"
-#: Set by the pool's template in the workers it forks (see :mod:`anywool.runtime.pool._template`).
-PARENT_PIDFD_ENV = "ANYWOOL_WORKER_PARENT_PIDFD"
-UID_ENV = "ANYWOOL_WORKER_UID"
-NAMESPACE_ENV = "ANYWOOL_WORKER_NAMESPACE"
-IMPORT_ENV = "ANYWOOL_WORKER_IMPORT"
 
 # Once its parent is gone (stdin hung up), the seconds a worker has to stop by itself before it
 # exits regardless: a routine that shields itself or blocks the event loop cannot keep it alive.
 _ORPHAN_GRACE = 5.0
 # Seconds between tries to accept a connection while the process is out of descriptors.
 _ACCEPT_BACKOFF = 0.1
-#: The largest ``--max-concurrency``.
-MAX_CONCURRENCY = 1 << 20
-_ORPHANED_EXIT_CODE = 70
 
 
 async def _open_listener(
@@ -153,7 +156,7 @@ def _exit_when_orphaned(control: int, cleanup: Callable[[], None]) -> None:
     try:
         cleanup()
     finally:
-        os._exit(_ORPHANED_EXIT_CODE)
+        os._exit(ORPHANED_EXIT_CODE)
 
 
 def _sockets(listener: Listener[ByteStream]) -> list[SocketListener]:
@@ -403,7 +406,7 @@ def _start_lifeline(address: Address | None, home: Path | None) -> _lifeline.Lif
     try:
         return _lifeline.start(parent, leftover, _ORPHAN_GRACE, parent_pidfd)
     except _lifeline.ParentGone:
-        raise SystemExit(_ORPHANED_EXIT_CODE) from None
+        raise SystemExit(ORPHANED_EXIT_CODE) from None
 
 
 def _import_setup_modules() -> None:
@@ -523,12 +526,13 @@ def main(argv: list[str] | None = None) -> None:
         help="retire once the resident set passes BYTES (default: never)"
     )
     options = parser.parse_args(argv)
-    _secret.inherit()
+    _secret.inherit(os.environ.pop(SECRET_ENV, None))
     credentials = _credentials(parser, options)
     _apply_parent_environment()
     logging.basicConfig(level=logging.WARNING, format="anywool.worker[%(process)d] %(message)s")
     # What routines log and print goes to their callers (see runtime._output); the rest here.
-    _output.install(_output.level_from_environment())
+    _output.install(_output.decode_level(os.environ.pop(OUTPUT_LEVEL_ENV, None),
+                                         OUTPUT_LEVEL_ENV))
     # Default SIGINT handling would raise KeyboardInterrupt; we want "drain" instead.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     serializer.take_interrupts_as_values()  # so only a value can raise one here
@@ -542,7 +546,7 @@ def main(argv: list[str] | None = None) -> None:
     _telemetry.set_worker(os.environ.pop(UID_ENV, None), os.environ.pop(NAMESPACE_ENV, None))
     _import_setup_modules()
     try:
-        lifespan = _lifespan.from_environment()
+        lifespan = _lifespan.decode(os.environ.pop(LIFESPAN_ENV, None), LIFESPAN_ENV)
     except ValueError as exc:
         _start_failed(str(exc))
         raise SystemExit(1) from None
