@@ -3,7 +3,7 @@ last one, its failures said where they belong, what it yields reached by routine
 
 from mutate import Mutation
 
-_LIFESPAN = "src/anywool/runtime/worker/_lifespan.py"
+_LIFESPAN = "src/anywool/runtime/_lifespan.py"
 _WORKER = "src/anywool/runtime/worker/_main.py"
 _TESTS = "tests/integration/test_lifespan.py"
 

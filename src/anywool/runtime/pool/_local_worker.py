@@ -38,8 +38,7 @@ from anywool.errors import WorkerError
 from anywool.metadata import WorkerMetadata
 from anywool._tls import MutualTLS
 from anywool.runtime.wire import _auth
-from anywool.runtime.worker import _lifespan, _socket_dir
-from anywool.runtime import _output
+from anywool.runtime import _lifespan, _output, _socket_dir
 from anywool.runtime.wire._peer import PEER_GONE
 from anywool.runtime.pool._template import ForkedProcess, Template, TemplateUnavailable
 from anywool.runtime.worker._contract import (
@@ -161,7 +160,7 @@ class LocalWorker(SingleUse):
     :param lifespan: an async context manager factory (or ``"module:name"`` naming one) the
         worker enters before it takes calls and exits after its last one; routines reach what
         it yields as ``anywool.current_worker().state`` (see
-        :mod:`anywool.runtime.worker._lifespan`). Its entry counts in ``startup_timeout``; one that
+        :mod:`anywool.runtime._lifespan`). Its entry counts in ``startup_timeout``; one that
         raises there fails the start with a :class:`~anywool.errors.WorkerError` saying why.
     :param max_calls: the worker retires after taking this many calls (``int`` ≥ 1;
         ``None``: never): it refuses new calls (its callers try another worker), finishes

@@ -40,7 +40,7 @@ from anywool._teardown import Budget, ExitWithin
 from anywool.discovery import DiscoveryLike, DiscoveryPublisherLike, DiscoverySubscriberLike
 from anywool.errors import WorkerError
 from anywool.runtime.client import _ctrl_c
-from anywool.runtime.worker import _lifespan
+from anywool.runtime import _lifespan
 from anywool.runtime import _output
 from anywool.runtime.client._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
 from anywool._tls import MutualTLS

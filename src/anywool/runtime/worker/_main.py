@@ -3,7 +3,7 @@
 It runs its own event loop on the requested backend, listens on a Unix socket in a directory of
 its own inside the runtime directory (``0600`` socket in ``0700`` directories: only the same user
 can dispatch; the directory is locked for the worker's life, see
-:mod:`anywool.runtime.worker._socket_dir`), or on TCP (``--address host:port``, port ``0`` for any),
+:mod:`anywool.runtime._socket_dir`), or on TCP (``--address host:port``, port ``0`` for any),
 and prints its address as one line on stdout. A frame is pickled code, so a TCP listener
 authenticates every peer before it reads a frame (:mod:`anywool.runtime.wire._auth`), with the secret
 its parent handed it (or ``$ANYWOOL_SECRET``) and/or mutual TLS (``--tls-cert``, ``--tls-key``,
@@ -72,8 +72,8 @@ from anywool import _interfaces, _secret
 from anywool._address import Address
 from anywool._duration import seconds
 from anywool._errno import exhausted
-from anywool.runtime.worker import _interrupt, _lifeline, _lifespan, _socket_dir
-from anywool.runtime import _output, _telemetry
+from anywool.runtime.worker import _interrupt, _lifeline
+from anywool.runtime import _lifespan, _output, _socket_dir, _telemetry
 from anywool.runtime.wire import _socket, _stats
 from anywool.runtime.wire import _serializer as serializer
 from anywool.runtime.worker._contract import (
@@ -228,7 +228,7 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
         watchdog thread watches stdin instead (unless it is a terminal).
     :param control: the descriptor of the parent's pipe (stop requests, EOF), see
         :func:`_take_stdin`.
-    :param lifespan: the worker's lifespan (see :mod:`anywool.runtime.worker._lifespan`); one that
+    :param lifespan: the worker's lifespan (see :mod:`anywool.runtime._lifespan`); one that
         fails on entry is said on stdout instead of the address, and the worker exits 1.
     :param max_calls: retire after taking this many calls (``None``: never).
     :param max_memory: retire once the resident set passes this many bytes, looked at every

@@ -16,6 +16,12 @@ parent waits for (the pool's :class:`~anywool.errors.WorkerError` carries it) an
 that raises on exit is logged by the worker (``anywool.worker``), which still exits as it would.
 The worker is stopped as ever: a stop request lets its calls drain, then the lifespan exits;
 SIGTERM cancels the calls and the lifespan's exit runs cancelled (shield what must finish).
+
+A feature with one end in each process, like :mod:`anywool.runtime._output`: the parent checks
+and encodes a lifespan (:func:`check`, :func:`encode`), the worker decodes and runs it
+(:func:`decode`, :class:`Running`), routines read it (:func:`current_worker`). So it sits below
+both, not in :mod:`anywool.runtime.worker`: a pool's process imports this small module (no
+event loop, cloudpickle only once a lifespan is encoded), not the worker's machinery.
 """
 
 from __future__ import annotations
