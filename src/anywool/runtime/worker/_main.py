@@ -400,7 +400,7 @@ def _start_lifeline(address: Address | None, home: Path | None) -> _lifeline.Lif
         return None
     leftover = home if address is None else Path(address.path) if address.path else None
     # Forked by the pool's template: the pool is our grandparent, and the template checked the
-    # pidfd on it we inherit (see _template).
+    # pidfd on it we inherit (see pool/_template_process).
     pidfd_text = os.environ.pop(PARENT_PIDFD_ENV, None)
     parent_pidfd = int(pidfd_text) if pidfd_text is not None and pidfd_text.isdigit() else None
     try:
