@@ -30,8 +30,9 @@ from anywool.runtime.worker._contract import PARENT_PIDFD_ENV
 
 # What a worker imports before it serves (the rest is imported by what its routines run).
 # (shutil: argparse's help formatter imports it, for the terminal's size.)
-_PRELOAD = ("anywool.runtime.worker._main", "anywool.runtime.worker._server", "anywool.runtime.worker._callgroup",
-            "anyio.to_thread", "anyio.streams.memory", "anyio.abc", "shutil")
+_PRELOAD = ("anywool.runtime.worker._main", "anywool.runtime.worker._server",
+            "anywool.runtime.worker._callgroup", "anyio.to_thread", "anyio.streams.memory",
+            "anyio.abc", "shutil")
 _PRELOAD_BACKEND = {
     "asyncio": ("asyncio", "anyio._backends._asyncio", "anywool.runtime.worker._asyncio_loop"),
     "trio": ("trio", "anyio._backends._trio"),
