@@ -24,10 +24,10 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="lifespan-entry-failure-unsaid",
         path=_WORKER,
-        old="""            except Exception as exc:
-                _start_failed(f"its lifespan failed to start: {exc!r}")""",
-        new="""            except ZeroDivisionError as exc:
-                _start_failed(f"its lifespan failed to start: {exc!r}")""",
+        old="""    except Exception as exc:
+        _start_failed(f"its lifespan failed to start: {exc!r}")""",
+        new="""    except ZeroDivisionError as exc:
+        _start_failed(f"its lifespan failed to start: {exc!r}")""",
         tests=(f"{_TESTS}::test_a_lifespan_that_fails_to_start_fails_the_pools_start",),
         why="issue 24: a lifespan failing on entry fails the start, the pool says the cause",
     ),

@@ -256,37 +256,14 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
     failed = False
     try:
         async with anyio.create_task_group() as main_tg:
-            notices = os.dup(sys.stdout.fileno())  # stdout itself goes to stderr (below)
-            os.set_inheritable(notices, False)
-
-            def say(notice: str) -> None:
-                try:
-                    os.write(notices, f"{notice}\n".encode())
-                except OSError:  # our parent closed its end: it stops us anyway
-                    pass
-
-            def say_retiring(reason: str) -> None:
-                say(f"{RETIRING}{reason}")
-
-            worker = Server(str(announced), NestedProxies(main_tg, idle_timeout, str(announced)),
-                             max_concurrency, control, max_calls=max_calls,
-                             on_retire=say_retiring, notify=say)
-            main_tg.start_soon(worker.watch_stdin)
-            main_tg.start_soon(worker.watch_idle)
-            if lifeline is not None:
-                main_tg.start_soon(worker.watch_parent, lifeline.parent)
+            worker = _start_server(main_tg, str(announced), idle_timeout, max_concurrency,
+                                   control, max_calls, lifeline)
             # Before the worker announces itself: a stop signal from then on is never lost.
             interrupter = worker.interrupter(None if lifeline is None else lifeline.parent)
             interrupter.install()
             main_tg.start_soon(interrupter.heartbeat)
-            info = _lifespan.WorkerInfo(_worker_uid(), _telemetry.worker.get(
-                "anywool.namespace"), str(announced), os.getpid())
-            # SIGTERM cancels the lifespan's exit, also one under way (a close that hangs).
-            running = _lifespan.Running(lifespan, info, worker.stop.cancelled_by_sigterm)
-            try:
-                await running.__aenter__()
-            except Exception as exc:
-                _start_failed(f"its lifespan failed to start: {exc!r}")
+            running = await _enter_lifespan(lifespan, worker, announced)
+            if running is None:
                 failed = True
                 main_tg.cancel_scope.cancel()
                 return
@@ -299,34 +276,14 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
                     failed = True
                     main_tg.cancel_scope.cancel()
                     return
-                gate = None
-                if not announced.is_unix:
-                    from anywool.runtime.worker import _gatekeeper
-
-                    assert credentials is not None
-                    gate = _gatekeeper.Gatekeeper(credentials, str(announced), worker.handle)
-                for one in _sockets(listener):
-                    serving.start_soon(_accept, one, worker.handle, serving, gate)
+                _start_accepting(serving, listener, worker, announced, credentials)
                 if max_memory is not None:
                     # Only now (it runs at the next checkpoint, after the address is said): a
                     # "retiring" line before the address would be taken for it.
                     main_tg.start_soon(_watch_memory, worker, max_memory)
-                sys.stdout.write(f"{announced}\n")
-                sys.stdout.flush()
-                os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # later output → stderr
+                _announce(announced)
                 await worker.stop.requested.wait()
-                worker.stop.draining = True
-                await worker.stop.drain()
-                with anyio.CancelScope(shield=True):
-                    await _close_listener(listener)  # stop accepting
-                tail = anyio.current_time() + STOP_TAIL
-                await worker.cancel_calls(REPLY_TIMEOUT)
-                # Before the connections: a proxy connected to this worker hangs up itself.
-                with anyio.move_on_at(tail):
-                    await worker.nested.close()
-                # Half-close, so that clients end their streams themselves: a receive that is
-                # cancelled rather than ended can make asyncio report InvalidStateError.
-                await worker.close_connections(tail)
+                await _stop(worker, listener)
                 serving.cancel_scope.cancel()
             main_tg.cancel_scope.cancel()
     finally:
@@ -337,6 +294,91 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
         remove_socket()
         if failed:  # here: its start failed where the main task returns
             raise SystemExit(1)  # noqa: B012
+
+
+def _start_server(main_tg: TaskGroup, address: str, idle_timeout: float,
+                  max_concurrency: int | None, control: int, max_calls: int | None,
+                  lifeline: _lifeline.Lifeline | None) -> Server:
+    """The worker's server, its nested proxies hosted in ``main_tg``, its notices written to
+    the parent on our stdout as it is now (the notices pipe of
+    :mod:`anywool.runtime.worker._contract`); and, in ``main_tg``, the tasks that watch the
+    parent's pipe (``control``), its pidfd (with a ``lifeline``) and the worker's idleness."""
+    notices = os.dup(sys.stdout.fileno())  # stdout itself goes to stderr (see _announce)
+    os.set_inheritable(notices, False)
+
+    def say(notice: str) -> None:
+        try:
+            os.write(notices, f"{notice}\n".encode())
+        except OSError:  # our parent closed its end: it stops us anyway
+            pass
+
+    def say_retiring(reason: str) -> None:
+        say(f"{RETIRING}{reason}")
+
+    worker = Server(address, NestedProxies(main_tg, idle_timeout, address), max_concurrency,
+                    control, max_calls=max_calls, on_retire=say_retiring, notify=say)
+    main_tg.start_soon(worker.watch_stdin)
+    main_tg.start_soon(worker.watch_idle)
+    if lifeline is not None:
+        main_tg.start_soon(worker.watch_parent, lifeline.parent)
+    return worker
+
+
+async def _enter_lifespan(lifespan: _lifespan.Lifespan | None, worker: Server,
+                          announced: Address) -> _lifespan.Running | None:
+    """Enter the worker's lifespan (none: just publish ``current_worker()``); ``None``: it
+    failed, and the line on stdout says why."""
+    info = _lifespan.WorkerInfo(_worker_uid(), _telemetry.worker.get("anywool.namespace"),
+                                str(announced), os.getpid())
+    # SIGTERM cancels the lifespan's exit, also one under way (a close that hangs).
+    running = _lifespan.Running(lifespan, info, worker.stop.cancelled_by_sigterm)
+    try:
+        await running.__aenter__()
+    except Exception as exc:
+        _start_failed(f"its lifespan failed to start: {exc!r}")
+        return None
+    return running
+
+
+def _start_accepting(serving: TaskGroup, listener: Listener[ByteStream], worker: Server,
+                     announced: Address, credentials: _auth.Credentials | None) -> None:
+    """Accept connections on every socket of ``listener``, each handled by ``worker`` in
+    ``serving``; on TCP, each peer authenticates first
+    (:mod:`anywool.runtime.worker._gatekeeper`)."""
+    gate = None
+    if not announced.is_unix:
+        from anywool.runtime.worker import _gatekeeper
+
+        assert credentials is not None
+        gate = _gatekeeper.Gatekeeper(credentials, str(announced), worker.handle)
+    for one in _sockets(listener):
+        serving.start_soon(_accept, one, worker.handle, serving, gate)
+
+
+def _announce(announced: Address) -> None:
+    """Say the address, the line on stdout the parent waits for; from then on, what this
+    process writes to stdout goes to stderr (the pipe carries notices only)."""
+    sys.stdout.write(f"{announced}\n")
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+
+
+async def _stop(worker: Server, listener: Listener[ByteStream]) -> None:
+    """Stop, as requested: drain the calls in flight for the grace asked for, stop accepting,
+    then, within :data:`~anywool.runtime.worker._contract.STOP_TAIL`, cancel the calls still
+    running, close the nested proxies and the connections."""
+    worker.stop.draining = True
+    await worker.stop.drain()
+    with anyio.CancelScope(shield=True):
+        await _close_listener(listener)  # stop accepting
+    tail = anyio.current_time() + STOP_TAIL
+    await worker.cancel_calls(REPLY_TIMEOUT)
+    # Before the connections: a proxy connected to this worker hangs up itself.
+    with anyio.move_on_at(tail):
+        await worker.nested.close()
+    # Half-close, so that clients end their streams themselves: a receive that is
+    # cancelled rather than ended can make asyncio report InvalidStateError.
+    await worker.close_connections(tail)
 
 
 def _start_failed(reason: str) -> None:
