@@ -38,12 +38,13 @@ its environment), and leaves in place: :data:`IMPORT_ENV` and :data:`PROXY_IDLE_
 
 **Address.** Once it listens (and its lifespan is entered), the worker writes one line on
 stdout: its address (``unix:/path`` or ``host:port``). A worker that cannot start writes
-:data:`STARTUP_ERROR` and why instead, then exits 1. The parent waits for that line, within its
+:data:`STARTUP_ERROR` and why instead, then exits 1 (one that exits without a line, on a usage
+error say, is seen at end of file). The parent waits for that line, within its
 ``startup_timeout``, and raises the reason as a :class:`~anywool.errors.WorkerError`. From then
 on the worker's own stdout goes to its stderr: the pipe carries notices only.
 
 **Control lines**, parent to worker, one a line on the control pipe, in any order, at any time
-after the start (the worker reads them from its start, so none is lost):
+(the pipe keeps what the worker has not read yet):
 
 * :data:`SUPERVISED`: the parent acts on notices (it replaces a worker that must be recycled).
   Until it is said, the worker refuses a client's recycle request: nobody would act on it.
@@ -61,16 +62,17 @@ parent closed it, or died, even by SIGKILL) stops the worker as ``stop 0`` does.
 **Notices**, worker to parent, one a line on the notices pipe, after the address:
 
 * :data:`RETIRING` and why: the worker reached its ``max_calls`` or ``max_memory``; it takes no
-  new call, finishes those it runs, and waits to be stopped. The parent replaces it, then
-  stops it.
+  new call, finishes those it runs, and waits to be stopped. A pool replaces it, then stops it.
 * :data:`NOTICE_RECYCLE`: a client asked for a rolling restart, which the worker accepted
-  (only once :data:`SUPERVISED`); the parent replaces it, then stops it.
+  (only once :data:`SUPERVISED`); the pool replaces it, then stops it.
 * :data:`NOTICE_IDLE` and :data:`NOTICE_CALL`: as asked above.
 
 **Stop.** After its drain, the worker takes at most :data:`STOP_TAIL` seconds to cancel what
 still runs, answer those calls and close its connections, and exits. The parent allows the
 grace plus :data:`STOP_TAIL` (plus a margin for the interpreter's exit) before it sends
-SIGTERM (cancel now), then SIGKILL; it removes the socket directory once the worker is reaped.
+SIGTERM, then SIGKILL; it removes the socket directory once the worker is reaped. Signals,
+from the parent or anyone: SIGTERM stops as ``stop 0`` does (and cancels the lifespan's exit
+too), SIGINT as ``stop -1``.
 """
 
 from __future__ import annotations
