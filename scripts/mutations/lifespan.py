@@ -3,7 +3,7 @@ last one, its failures said where they belong, what it yields reached by routine
 
 from mutate import Mutation
 
-_LIFESPAN = "src/anywool/runtime/worker/_lifespan.py"
+_LIFESPAN = "src/anywool/runtime/_lifespan.py"
 _WORKER = "src/anywool/runtime/worker/_main.py"
 _TESTS = "tests/integration/test_lifespan.py"
 
@@ -24,10 +24,10 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="lifespan-entry-failure-unsaid",
         path=_WORKER,
-        old="""            except Exception as exc:
-                _start_failed(f"its lifespan failed to start: {exc!r}")""",
-        new="""            except ZeroDivisionError as exc:
-                _start_failed(f"its lifespan failed to start: {exc!r}")""",
+        old="""    except Exception as exc:
+        _start_failed(f"its lifespan failed to start: {exc!r}")""",
+        new="""    except ZeroDivisionError as exc:
+        _start_failed(f"its lifespan failed to start: {exc!r}")""",
         tests=(f"{_TESTS}::test_a_lifespan_that_fails_to_start_fails_the_pools_start",),
         why="issue 24: a lifespan failing on entry fails the start, the pool says the cause",
     ),

@@ -154,12 +154,12 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="secret-left-in-worker-environment",
-        path="src/anywool/_secret.py",
-        old="text = os.environ.pop(_CHILD_ENV, None)",
-        new="text = os.environ.get(_CHILD_ENV)",
+        path="src/anywool/runtime/worker/_main.py",
+        old="_secret.inherit(os.environ.pop(SECRET_ENV, None))",
+        new="_secret.inherit(os.environ.get(SECRET_ENV))",
         tests=("tests/integration/test_tcp.py::"
                "test_the_secret_is_not_on_the_command_line_nor_left_in_the_environment",),
-        why="_secret: the worker removes the secret from its environment at start-up",
+        why="_contract: the worker takes the secret out of its environment at start-up",
     ),
     Mutation(
         name="tls-encrypted-key-not-named",

@@ -6,6 +6,7 @@ from mutate import Mutation
 
 _POOL = "src/anywool/runtime/pool/_pool.py"
 _TEMPLATE = "src/anywool/runtime/pool/_template.py"
+_TEMPLATE_PROCESS = "src/anywool/runtime/pool/_template_process.py"
 _TESTS = "tests/integration/test_template.py"
 
 MUTATIONS: list[Mutation] = [
@@ -74,7 +75,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="template-stderr-of-its-start",
-        path=_TEMPLATE,
+        path=_TEMPLATE_PROCESS,
         old="""        os.dup2(stderr, 2)
 """,
         new="",
@@ -83,7 +84,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="template-outlives-a-killed-pool",
-        path=_TEMPLATE,
+        path=_TEMPLATE_PROCESS,
         old="""                if not data:
                     return None
 """,

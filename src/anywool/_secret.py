@@ -6,7 +6,10 @@ process's own secret, which is the one its spawning pool handed it (a worker) or
 ``$ANYWOOL_SECRET``. Messages name the parameter and the secret's length, never its value.
 
 A secret never travels inside a pickle: a proxy or a subscriber that is reduced (to go with a
-nested call, say) leaves it behind, and the worker that rebuilds one uses its own.
+nested call, say) leaves it behind, and the worker that rebuilds one uses its own. A spawning
+pool hands its secret to a worker in the worker's environment (the variable is named by the
+worker contract, :mod:`anywool.runtime.worker._contract`, which this module is below), and the
+worker takes it out at start-up, so that its routines' children never see it.
 """
 
 from __future__ import annotations
@@ -17,9 +20,6 @@ __all__ = ["ENV", "MIN_LENGTH", "for_child", "inherit", "resolve"]
 
 #: The environment variable a secret is read from when none is given.
 ENV = "ANYWOOL_SECRET"
-#: How a spawning pool hands its secret to a worker (hex: a secret may hold any byte). The
-#: worker removes it from its environment at start-up, so its routines' children never see it.
-_CHILD_ENV = "ANYWOOL_WORKER_SECRET"
 #: The shortest secret accepted, in bytes.
 MIN_LENGTH = 16
 
@@ -60,14 +60,15 @@ def resolve(secret: object, parameter: str = "secret") -> bytes | None:
     return secret
 
 
-def for_child(secret: bytes | None) -> dict[str, str]:
-    """The environment entries that give a spawned worker ``secret`` (none for ``None``)."""
-    return {} if secret is None else {_CHILD_ENV: secret.hex()}
+def for_child(secret: bytes) -> str:
+    """``secret`` as a spawning pool hands it to a worker, in its environment (hex: a secret
+    may hold any byte; the variable is the worker contract's ``SECRET_ENV``)."""
+    return secret.hex()
 
 
-def inherit() -> None:
-    """In a worker at start-up: take the secret its parent handed it as this process's own."""
+def inherit(text: str | None) -> None:
+    """In a worker at start-up: take the secret its parent handed it (what :func:`for_child`
+    made; ``None`` or empty: none) as this process's own."""
     global _inherited
-    text = os.environ.pop(_CHILD_ENV, None)
     if text:
         _inherited = bytes.fromhex(text)

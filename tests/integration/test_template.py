@@ -17,14 +17,8 @@ import pytest
 
 from anywool import LocalDiscovery, WorkerPool, routine
 from anywool.runtime.pool._local_worker import LocalWorker, current_backend
-from anywool.runtime.pool._template import (
-    UNKNOWN_CODE,
-    Frames,
-    Template,
-    TemplateUnavailable,
-    encode,
-    rights,
-)
+from anywool.runtime.pool._template import UNKNOWN_CODE, Template, TemplateUnavailable
+from anywool.runtime.pool._template_frames import Frames, encode, rights
 
 from ..helpers import wait_until
 from . import children

@@ -20,7 +20,7 @@ import pytest
 from anywool import LocalDiscovery, WorkerPool, WorkerProxy
 from anywool.discovery import _hub
 from anywool.discovery.local import _claim
-from anywool.runtime.worker import _gatekeeper, _interrupt, _nested, _main
+from anywool.runtime.worker import _contract, _gatekeeper, _interrupt, _main, _nested
 from anywool.runtime.pool import _local_worker, _pool
 from anywool.testing import _pools, _settle
 from anywool.testing import hold_registry_lock, owner_process
@@ -107,7 +107,7 @@ DEFAULTS = [
 def test_the_documented_default_is_the_one_in_effect(actual: Callable[[], object],
                                                      documented: object, words: str,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(_nested.IDLE_TIMEOUT_ENV, raising=False)
+    monkeypatch.delenv(_contract.PROXY_IDLE_TIMEOUT_ENV, raising=False)
     assert actual() == documented, f"README: {words!r}"
 
 

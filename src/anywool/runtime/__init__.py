@@ -7,7 +7,7 @@ from anywool._lazy import exports
 if TYPE_CHECKING:
     from anywool._tls import MutualTLS
     from anywool.runtime._context import ContextVar
-    from anywool.runtime.worker._lifespan import WorkerInfo, current_worker
+    from anywool.runtime._lifespan import WorkerInfo, current_worker
     from anywool.runtime.client._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
     from anywool.runtime.pool._local_worker import LocalWorker
     from anywool.runtime._output import OutputLine
@@ -51,10 +51,10 @@ _WHERE = {
     "SerializationWarning": "anywool.runtime.wire._serializer",
     "WorkerPool": "anywool.runtime.pool._pool",
     "WorkerProxy": "anywool.runtime.client._proxy",
-    "WorkerInfo": "anywool.runtime.worker._lifespan",
+    "WorkerInfo": "anywool.runtime._lifespan",
     "WorkerStats": "anywool.runtime.wire._stats",
     "current_task": "anywool.runtime._routine",
-    "current_worker": "anywool.runtime.worker._lifespan",
+    "current_worker": "anywool.runtime._lifespan",
     "resolved": "anywool.runtime.client._resolve",
     "routine": "anywool.runtime._routine",
     "run_sync": "anywool.runtime._routine",

@@ -32,7 +32,6 @@ import contextvars
 import inspect
 import io
 import logging
-import os
 import sys
 import threading
 import time
@@ -399,11 +398,8 @@ class _Stream:
 _installed = False
 
 
-#: The environment variable by which a pool tells the workers it spawns the level their root
-#: logger passes (:func:`lowest_level`), or :data:`KEEP_LEVEL`.
-LEVEL_ENV = "ANYWOOL_OUTPUT_LEVEL"
-#: ``$ANYWOOL_OUTPUT_LEVEL`` for a worker whose callers forward nothing: its levels stay.
-KEEP_LEVEL = "keep"
+# What encode_level says for a worker whose callers forward nothing: its levels stay.
+_KEEP_LEVEL = "keep"
 
 
 def lowest_level() -> int:
@@ -420,19 +416,26 @@ def lowest_level() -> int:
     return lowest
 
 
-def level_from_environment() -> int | None:
-    """The root level a spawning pool asked for in ``$ANYWOOL_OUTPUT_LEVEL`` (removed from
-    the environment): ``None`` to keep the worker's own; every level (``NOTSET``) when not
-    set, as for a worker run by hand or hosting callers of other processes."""
-    text = os.environ.pop(LEVEL_ENV, None)
+def encode_level(level: int | None) -> str:
+    """The root level a spawning pool asks its worker for (:func:`lowest_level`; ``None``:
+    the worker's own), as the worker's environment carries it (the variable is the worker
+    contract's ``OUTPUT_LEVEL_ENV``); :func:`decode_level` reads it back."""
+    return _KEEP_LEVEL if level is None else str(level)
+
+
+def decode_level(text: str | None, variable: str) -> int | None:
+    """The root level a spawning pool asked for, from ``text`` as :func:`encode_level` made
+    it: ``None`` to keep the worker's own; every level (``NOTSET``) when ``text`` is ``None``
+    (not set), as for a worker run by hand or hosting callers of other processes, or when it
+    is malformed (a warning names ``$variable``)."""
     if text is None:
         return logging.NOTSET
-    if text == KEEP_LEVEL:
+    if text == _KEEP_LEVEL:
         return None
     try:
         return max(logging.NOTSET, int(text))
     except ValueError:
-        log.warning("ignoring malformed $%s %r", LEVEL_ENV, text)
+        log.warning("ignoring malformed $%s %r", variable, text)
         return logging.NOTSET
 
 

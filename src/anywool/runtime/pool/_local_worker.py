@@ -38,17 +38,20 @@ from anywool.errors import WorkerError
 from anywool.metadata import WorkerMetadata
 from anywool._tls import MutualTLS
 from anywool.runtime.wire import _auth
-from anywool.runtime.worker import _lifespan, _socket_dir
-from anywool.runtime import _output
+from anywool.runtime import _lifespan, _output, _socket_dir
 from anywool.runtime.wire._peer import PEER_GONE
-from anywool.runtime.worker._server import STOP_TAIL
 from anywool.runtime.pool._template import ForkedProcess, Template, TemplateUnavailable
-from anywool.runtime.worker._main import (
+from anywool.runtime.worker._contract import (
+    LIFESPAN_ENV,
     MAX_CONCURRENCY,
     NAMESPACE_ENV,
+    OUTPUT_LEVEL_ENV,
     PARENT_PID_ENV,
     RETIRING,
+    SECRET_ENV,
     STARTUP_ERROR,
+    STOP,
+    STOP_TAIL,
     SYS_PATH_ENV,
     UID_ENV,
 )
@@ -157,7 +160,7 @@ class LocalWorker(SingleUse):
     :param lifespan: an async context manager factory (or ``"module:name"`` naming one) the
         worker enters before it takes calls and exits after its last one; routines reach what
         it yields as ``anywool.current_worker().state`` (see
-        :mod:`anywool.runtime.worker._lifespan`). Its entry counts in ``startup_timeout``; one that
+        :mod:`anywool.runtime._lifespan`). Its entry counts in ``startup_timeout``; one that
         raises there fails the start with a :class:`~anywool.errors.WorkerError` saying why.
     :param max_calls: the worker retires after taking this many calls (``int`` ≥ 1;
         ``None``: never): it refuses new calls (its callers try another worker), finishes
@@ -247,12 +250,11 @@ class LocalWorker(SingleUse):
         env[SYS_PATH_ENV] = json.dumps([p for p in sys.path if isinstance(p, str)])
         env[PARENT_PID_ENV] = str(os.getpid())  # its lifeline watches us (see _lifeline)
         env[UID_ENV] = str(self._uid)
-        env[_output.LEVEL_ENV] = (_output.KEEP_LEVEL if self._output_level is None
-                                  else str(self._output_level))
+        env[OUTPUT_LEVEL_ENV] = _output.encode_level(self._output_level)
         env.pop(NAMESPACE_ENV, None)
-        env.pop(_lifespan.LIFESPAN_ENV, None)
+        env.pop(LIFESPAN_ENV, None)
         if self._lifespan is not None:
-            env[_lifespan.LIFESPAN_ENV] = self._lifespan
+            env[LIFESPAN_ENV] = self._lifespan
         if self._namespace is not None and "\0" not in self._namespace:
             env[NAMESPACE_ENV] = self._namespace
         env["PYTHONPATH"] = os.pathsep.join(
@@ -272,7 +274,8 @@ class LocalWorker(SingleUse):
         credentials = self._credentials
         if credentials is not None:
             env.pop(_secret.ENV, None)  # the worker takes exactly the pool's credentials
-            env.update(_secret.for_child(credentials.secret))
+            if credentials.secret is not None:
+                env[SECRET_ENV] = _secret.for_child(credentials.secret)
             if credentials.tls is not None:
                 tls = credentials.tls
                 command += ["--tls-cert", tls.certfile, "--tls-ca", tls.cafile]
@@ -533,7 +536,7 @@ class LocalWorker(SingleUse):
             self._remove_socket()
 
     async def _request_stop(self, process: Process | ForkedProcess, grace: float) -> None:
-        await self._send_control(process, f"stop {grace!r}\n")
+        await self._send_control(process, f"{STOP} {grace!r}\n")
 
     def _remove_socket(self) -> None:
         # A worker that was killed could not remove its socket; its directory is ours to clean

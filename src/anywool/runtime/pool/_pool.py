@@ -40,7 +40,7 @@ from anywool._teardown import Budget, ExitWithin
 from anywool.discovery import DiscoveryLike, DiscoveryPublisherLike, DiscoverySubscriberLike
 from anywool.errors import WorkerError
 from anywool.runtime.client import _ctrl_c
-from anywool.runtime.worker import _lifespan
+from anywool.runtime import _lifespan
 from anywool.runtime import _output
 from anywool.runtime.client._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
 from anywool._tls import MutualTLS
@@ -50,15 +50,16 @@ from anywool.runtime.pool._local_worker import (
     current_backend,
     tcp_endpoint,
 )
-from anywool.runtime.worker._server import (
+from anywool.runtime.worker._contract import (
     IDLE_TIMEOUT,
+    MAX_CONCURRENCY,
     NOTICE_CALL,
     NOTICE_IDLE,
     NOTICE_RECYCLE,
     REPORT_CALL,
+    RETIRING,
     SUPERVISED,
 )
-from anywool.runtime.worker._main import MAX_CONCURRENCY, RETIRING
 from anywool.runtime._output import OutputLine
 from anywool.runtime.client._proxy import WorkerProxy
 from anywool.runtime.wire._stats import WorkerStats

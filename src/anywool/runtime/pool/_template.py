@@ -1,4 +1,5 @@
-"""The warm template: a process a :class:`~anywool.WorkerPool` owns, from which it forks workers.
+"""The warm template, the pool's end: a process a :class:`~anywool.WorkerPool` owns, from which
+it forks workers.
 
 A worker started as ``python -m anywool.worker`` pays for an interpreter and its imports
 (anyio, the backend, the worker's machinery: most of its start) every time; a pool that starts
@@ -12,16 +13,10 @@ without the start-up.
 Forking is safe here because the template never starts a thread or an event loop (forking the
 pool's own process, with its threads and its loop, is not).
 
-Protocol. The template's stdin is one end of a Unix stream socket pair whose other end the
-pool holds. Frames both ways are a 4-byte big-endian length and a JSON object; descriptors
-travel with a frame as ``SCM_RIGHTS``, and the frame's ``"fds"`` says how many:
-
-* pool → template: ``{"argv": [...], "env": {...}, "cwd": "..."}`` with the worker's stdin
-  (a pipe's read end), stdout (a pipe's write end) and stderr (the pool's, as it is now: a
-  worker started as a process of its own inherits it so);
-* template → pool: ``{"ready": pid}`` once warm; ``{"forked": pid}`` with a pidfd of the child,
-  or ``{"failed": why}``; ``{"exited": pid, "code": code}`` once it reaped a child (``code``
-  as :attr:`subprocess.Popen.returncode`: negative for a signal).
+Three modules, one a process: this one runs in the pool's process (:class:`Template`, the
+:class:`ForkedProcess` each fork gives, the pipes to it); the template's process runs
+:mod:`anywool.runtime.pool._template_process`, and neither imports the other; the frames they
+exchange, and their codec, are :mod:`anywool.runtime.pool._template_frames`, below both.
 
 Lifetimes. The pool kills the template once its workers have stopped; at end-of-file on its
 socket (the pool died) the template exits by itself. Its
@@ -37,16 +32,11 @@ Needs pidfds (Linux 5.3+); without them a pool starts its workers as processes o
 
 from __future__ import annotations
 
-import array
 import contextlib
-import importlib
-import json
 import logging
 import os
-import select
 import signal
 import socket
-import struct
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -54,6 +44,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 import anyio.lowlevel
+
+from anywool.runtime.pool._template_frames import Frames, ancillary_space, encode, rights
 
 if TYPE_CHECKING:
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -64,93 +56,11 @@ log = logging.getLogger("anywool.runtime._template")
 #: What the pool's end reports as the exit code of a worker that outlived the template (it
 #: ended, but nobody could tell how).
 UNKNOWN_CODE = 255
-#: The environment variable naming the descriptor of the pidfd on the pool a forked worker
-#: inherits (see :mod:`anywool.runtime.worker._lifeline`); the worker's module says it too, so that
-#: a worker imports nothing of the template's.
-PARENT_PIDFD_ENV = "ANYWOOL_WORKER_PARENT_PIDFD"
-
-_LENGTH = struct.Struct(">I")
-# The most descriptors one frame carries (a request: 3; a reply: 1).
-_MAX_FDS = 4
-# A frame larger than this is a broken peer (a request holds an environment: well below it).
-_MAX_FRAME = 16 << 20
 # How long the pool waits for a fork (seconds): a template that takes longer is wedged.
 _SPAWN_TIMEOUT = 5.0
 # Once a forked worker's pidfd says it ended: how long the template has to say its code
 # (seconds); a template that does not (stopped, wedged) leaves it unknown.
 _CODE_TIMEOUT = 2.0
-
-# What a worker imports before it serves (the rest is imported by what its routines run).
-# (shutil: argparse's help formatter imports it, for the terminal's size.)
-_PRELOAD = ("anywool.runtime.worker._main", "anywool.runtime.worker._server", "anywool.runtime.worker._callgroup",
-            "anyio.to_thread", "anyio.streams.memory", "anyio.abc", "shutil")
-_PRELOAD_BACKEND = {
-    "asyncio": ("asyncio", "anyio._backends._asyncio", "anywool.runtime.worker._asyncio_loop"),
-    "trio": ("trio", "anyio._backends._trio"),
-}
-
-
-def encode(message: Mapping[str, Any]) -> bytes:
-    body = json.dumps(message, separators=(",", ":")).encode()
-    return _LENGTH.pack(len(body)) + body
-
-
-class Frames:
-    """Frames and descriptors read from a stream socket, in order: bytes and descriptors are
-    queued as they come, and a frame takes as many descriptors as it says (they travel in
-    order, however ``recvmsg`` splits the bytes)."""
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-        self._fds: list[int] = []
-
-    def feed(self, data: bytes, ancillary: Sequence[tuple[int, int, bytes]]) -> None:
-        for level, kind, payload in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds = array.array("i")
-                fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
-                self._fds.extend(fds)
-        self._buffer += data
-
-    def next(self) -> tuple[dict[str, Any], list[int]] | None:
-        """The next whole frame and its descriptors, or ``None`` until more bytes come.
-
-        :raises ValueError: the peer sent something that is not a frame of this protocol.
-        """
-        if len(self._buffer) < _LENGTH.size:
-            return None
-        (length,) = _LENGTH.unpack_from(self._buffer)
-        if length > _MAX_FRAME:
-            raise ValueError(f"a frame of {length} bytes")
-        if len(self._buffer) < _LENGTH.size + length:
-            return None
-        body = bytes(self._buffer[_LENGTH.size:_LENGTH.size + length])
-        del self._buffer[:_LENGTH.size + length]
-        message = json.loads(body)
-        if not isinstance(message, dict):
-            raise ValueError(f"a frame holding {type(message).__name__}")
-        count = message.get("fds", 0)
-        if not isinstance(count, int) or not 0 <= count <= min(_MAX_FDS, len(self._fds)):
-            raise ValueError(f"a frame with {count!r} descriptors ({len(self._fds)} came)")
-        fds, self._fds[:count] = self._fds[:count], []
-        return message, fds
-
-    def close(self) -> None:
-        """Close the descriptors no frame took."""
-        for fd in self._fds:
-            os.close(fd)
-        self._fds.clear()
-
-
-def ancillary_space() -> int:
-    return socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize)
-
-
-def rights(fds: Sequence[int]) -> list[tuple[int, int, bytes]]:
-    return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
-
-
-# -- the pool's end ------------------------------------------------------------------------------
 
 
 class TemplateUnavailable(Exception):
@@ -521,147 +431,3 @@ class Template:
                 self.ended = True
                 raise TemplateUnavailable(f"it has ended: {exc}") from None
             data, ancillary = data[sent:], []
-
-
-# -- the template process -----------------------------------------------------------------------
-
-
-def _send(control: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
-    data = encode({**message, "fds": len(fds)} if fds else message)
-    sent = control.sendmsg([data], rights(fds))
-    if sent < len(data):
-        control.sendall(data[sent:])
-
-
-def _serve(backend: str) -> list[str] | None:
-    """The template's life; returns ``None`` at end-of-file from the pool. In a forked child it
-    returns the worker's arguments instead, having made the child what a worker expects to be
-    (the template's descriptors closed on the way out)."""
-    failure = None
-    try:
-        for name in (*_PRELOAD, *_PRELOAD_BACKEND[backend]):
-            importlib.import_module(name)
-    except BaseException as exc:  # said to the pool, which then starts workers by themselves
-        failure = f"cannot import what a worker runs: {exc!r}"
-    control = socket.socket(fileno=os.dup(0))
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    # Opened first, checked second: if the pool is still our parent once the pidfd is open, the
-    # pidfd names it. Workers inherit it (it is how they know the pool, see _lifeline).
-    pool_pid = os.getppid()
-    try:
-        pool = os.pidfd_open(pool_pid)
-    except OSError as exc:
-        failure = failure or f"no pidfd on the pool: {exc!r}"
-        pool = -1
-    if pool >= 0 and os.getppid() != pool_pid:
-        return None  # the pool is gone already
-    if failure is not None:
-        _send(control, {"failed": failure})
-        return None
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # only to write the wake-up byte
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the pool decides when its template ends
-    frames = Frames()
-    live: set[int] = set()
-    _send(control, {"ready": os.getpid()})
-    try:
-        while True:
-            readable, _, _ = select.select([control, wake_r], [], [])
-            if wake_r in readable:
-                while True:
-                    try:
-                        if not os.read(wake_r, 512):
-                            break
-                    except BlockingIOError:
-                        break
-                _reap(control, live)
-            if control in readable:
-                data, ancillary, _, _ = control.recvmsg(1 << 16, ancillary_space())
-                frames.feed(data, ancillary)
-                if not data:
-                    return None
-                while (frame := frames.next()) is not None:
-                    request, fds = frame
-                    try:
-                        pid = os.fork()
-                    except OSError as exc:
-                        _send(control, {"failed": f"fork: {exc}"})
-                    else:
-                        if pid == 0:
-                            return _child(request, fds, (control, wake_r, wake_w), pool)
-                        live.add(pid)
-                        pidfd = os.pidfd_open(pid)  # unreaped till _reap: it names the child
-                        _send(control, {"forked": pid}, [pidfd])
-                        os.close(pidfd)
-                    finally:
-                        for fd in fds:
-                            os.close(fd)
-    except (BrokenPipeError, ConnectionResetError):
-        return None  # the pool is gone
-    finally:
-        frames.close()
-
-
-def _reap(control: socket.socket, live: set[int]) -> None:
-    while live:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            live.clear()
-            return
-        if pid == 0:
-            return
-        live.discard(pid)
-        _send(control, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
-
-
-def _child(request: dict[str, Any], fds: list[int], close: tuple[Any, ...], pool: int
-           ) -> list[str]:
-    """In the forked child: become what ``python -m anywool.worker`` starts as; the worker's
-    arguments. ``fds`` are left to the caller to close, once duplicated onto stdin, stdout and
-    stderr.
-    Anything failing here ends the child, code 70."""
-    try:
-        os.setsid()  # as LocalWorker's start_new_session: a terminal's Ctrl-C is the pool's
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        stdin, stdout, stderr = fds
-        os.dup2(stdin, 0)
-        os.dup2(stdout, 1)
-        os.dup2(stderr, 2)
-        control, wake_r, wake_w = close
-        control.close()
-        os.close(wake_r)
-        os.close(wake_w)
-        env = request["env"]
-        os.environ.clear()
-        os.environ.update(env)
-        os.environ[PARENT_PIDFD_ENV] = str(pool)
-        os.chdir(request["cwd"])
-        return [str(arg) for arg in request["argv"]]
-    except BaseException as exc:
-        os.write(2, f"anywool template child [{os.getpid()}]: {exc!r}\n".encode())
-        os._exit(70)
-
-
-def main() -> None:
-    """Entry point of ``python -m anywool.runtime._template BACKEND``."""
-    backend = sys.argv[1] if len(sys.argv) == 2 else ""
-    if backend not in _PRELOAD_BACKEND:
-        sys.exit(f"usage: python -m anywool.runtime._template {{asyncio|trio}}, got {sys.argv[1:]}")
-    argv = _serve(backend)
-    if argv is not None:  # a forked child
-        sys.argv = ["anywool.worker", *argv]
-        from anywool.runtime.worker._main import main as worker_main
-
-        worker_main(argv)
-
-
-if __name__ == "__main__":
-    main()

@@ -37,7 +37,7 @@ import stat
 from pathlib import Path
 from typing import NoReturn
 
-from anywool.runtime.worker import _socket_dir
+from anywool.runtime import _socket_dir
 
 # Seconds a worker killed by its sidecar gets to be gone before its directory is removed.
 _KILL_TIMEOUT = 5.0

@@ -3,7 +3,7 @@
 It runs its own event loop on the requested backend, listens on a Unix socket in a directory of
 its own inside the runtime directory (``0600`` socket in ``0700`` directories: only the same user
 can dispatch; the directory is locked for the worker's life, see
-:mod:`anywool.runtime.worker._socket_dir`), or on TCP (``--address host:port``, port ``0`` for any),
+:mod:`anywool.runtime._socket_dir`), or on TCP (``--address host:port``, port ``0`` for any),
 and prints its address as one line on stdout. A frame is pickled code, so a TCP listener
 authenticates every peer before it reads a frame (:mod:`anywool.runtime.wire._auth`), with the secret
 its parent handed it (or ``$ANYWOOL_SECRET``) and/or mutual TLS (``--tls-cert``, ``--tls-key``,
@@ -41,7 +41,8 @@ It passes the worker's uid and namespace in ``$ANYWOOL_WORKER_UID`` and
 ``$ANYWOOL_WORKER_NAMESPACE``, for its spans (:mod:`anywool.runtime._telemetry`). The modules
 named in ``$ANYWOOL_WORKER_IMPORT`` (comma-separated; inherited, not consumed) are imported once
 the worker is set up, before it serves: where a user configures an OpenTelemetry SDK, say. One
-that fails to import fails the start (its error is the line on stdout).
+that fails to import fails the start (its error is the line on stdout). Every such name, line
+and bound, and what each side does with it, is in :mod:`anywool.runtime.worker._contract`.
 """
 
 
@@ -71,12 +72,28 @@ from anywool import _interfaces, _secret
 from anywool._address import Address
 from anywool._duration import seconds
 from anywool._errno import exhausted
-from anywool.runtime.worker import _interrupt, _lifeline, _lifespan, _socket_dir
-from anywool.runtime import _output, _telemetry
+from anywool.runtime.worker import _interrupt, _lifeline
+from anywool.runtime import _lifespan, _output, _socket_dir, _telemetry
 from anywool.runtime.wire import _socket, _stats
 from anywool.runtime.wire import _serializer as serializer
+from anywool.runtime.worker._contract import (
+    IMPORT_ENV,
+    LIFESPAN_ENV,
+    MAX_CONCURRENCY,
+    NAMESPACE_ENV,
+    ORPHANED_EXIT_CODE,
+    OUTPUT_LEVEL_ENV,
+    PARENT_PID_ENV,
+    PARENT_PIDFD_ENV,
+    RETIRING,
+    SECRET_ENV,
+    STARTUP_ERROR,
+    STOP_TAIL,
+    SYS_PATH_ENV,
+    UID_ENV,
+)
 from anywool.runtime.worker._nested import NestedProxies, idle_timeout_from_environment
-from anywool.runtime.worker._server import REPLY_TIMEOUT, STOP_TAIL, Server
+from anywool.runtime.worker._server import REPLY_TIMEOUT, Server
 
 if TYPE_CHECKING:  # imported when needed: authentication only when there are credentials
     from anywool.runtime.wire import _auth
@@ -84,28 +101,14 @@ if TYPE_CHECKING:  # imported when needed: authentication only when there are cr
 
 log = logging.getLogger("anywool.worker")
 
-SYS_PATH_ENV = "ANYWOOL_WORKER_SYS_PATH"
-#: What the line on stdout starts with when the worker cannot start, instead of an address.
-STARTUP_ERROR = "error: "
-#: The line a retiring worker writes to its parent, before the reason.
-RETIRING = "retiring "
 #: How often (seconds) a worker with a max_memory looks at its resident set.
 MEMORY_CHECK_INTERVAL = 0.1
-PARENT_PID_ENV = "ANYWOOL_WORKER_PARENT_PID"
-#: Set by the pool's template in the workers it forks (see :mod:`anywool.runtime.pool._template`).
-PARENT_PIDFD_ENV = "ANYWOOL_WORKER_PARENT_PIDFD"
-UID_ENV = "ANYWOOL_WORKER_UID"
-NAMESPACE_ENV = "ANYWOOL_WORKER_NAMESPACE"
-IMPORT_ENV = "ANYWOOL_WORKER_IMPORT"
 
 # Once its parent is gone (stdin hung up), the seconds a worker has to stop by itself before it
 # exits regardless: a routine that shields itself or blocks the event loop cannot keep it alive.
 _ORPHAN_GRACE = 5.0
 # Seconds between tries to accept a connection while the process is out of descriptors.
 _ACCEPT_BACKOFF = 0.1
-#: The largest ``--max-concurrency``.
-MAX_CONCURRENCY = 1 << 20
-_ORPHANED_EXIT_CODE = 70
 
 
 async def _open_listener(
@@ -153,7 +156,7 @@ def _exit_when_orphaned(control: int, cleanup: Callable[[], None]) -> None:
     try:
         cleanup()
     finally:
-        os._exit(_ORPHANED_EXIT_CODE)
+        os._exit(ORPHANED_EXIT_CODE)
 
 
 def _sockets(listener: Listener[ByteStream]) -> list[SocketListener]:
@@ -225,7 +228,7 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
         watchdog thread watches stdin instead (unless it is a terminal).
     :param control: the descriptor of the parent's pipe (stop requests, EOF), see
         :func:`_take_stdin`.
-    :param lifespan: the worker's lifespan (see :mod:`anywool.runtime.worker._lifespan`); one that
+    :param lifespan: the worker's lifespan (see :mod:`anywool.runtime._lifespan`); one that
         fails on entry is said on stdout instead of the address, and the worker exits 1.
     :param max_calls: retire after taking this many calls (``None``: never).
     :param max_memory: retire once the resident set passes this many bytes, looked at every
@@ -253,37 +256,14 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
     failed = False
     try:
         async with anyio.create_task_group() as main_tg:
-            notices = os.dup(sys.stdout.fileno())  # stdout itself goes to stderr (below)
-            os.set_inheritable(notices, False)
-
-            def say(notice: str) -> None:
-                try:
-                    os.write(notices, f"{notice}\n".encode())
-                except OSError:  # our parent closed its end: it stops us anyway
-                    pass
-
-            def say_retiring(reason: str) -> None:
-                say(f"{RETIRING}{reason}")
-
-            worker = Server(str(announced), NestedProxies(main_tg, idle_timeout, str(announced)),
-                             max_concurrency, control, max_calls=max_calls,
-                             on_retire=say_retiring, notify=say)
-            main_tg.start_soon(worker.watch_stdin)
-            main_tg.start_soon(worker.watch_idle)
-            if lifeline is not None:
-                main_tg.start_soon(worker.watch_parent, lifeline.parent)
+            worker = _start_server(main_tg, str(announced), idle_timeout, max_concurrency,
+                                   control, max_calls, lifeline)
             # Before the worker announces itself: a stop signal from then on is never lost.
             interrupter = worker.interrupter(None if lifeline is None else lifeline.parent)
             interrupter.install()
             main_tg.start_soon(interrupter.heartbeat)
-            info = _lifespan.WorkerInfo(_worker_uid(), _telemetry.worker.get(
-                "anywool.namespace"), str(announced), os.getpid())
-            # SIGTERM cancels the lifespan's exit, also one under way (a close that hangs).
-            running = _lifespan.Running(lifespan, info, worker.stop.cancelled_by_sigterm)
-            try:
-                await running.__aenter__()
-            except Exception as exc:
-                _start_failed(f"its lifespan failed to start: {exc!r}")
+            running = await _enter_lifespan(lifespan, worker, announced)
+            if running is None:
                 failed = True
                 main_tg.cancel_scope.cancel()
                 return
@@ -296,34 +276,14 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
                     failed = True
                     main_tg.cancel_scope.cancel()
                     return
-                gate = None
-                if not announced.is_unix:
-                    from anywool.runtime.worker import _gatekeeper
-
-                    assert credentials is not None
-                    gate = _gatekeeper.Gatekeeper(credentials, str(announced), worker.handle)
-                for one in _sockets(listener):
-                    serving.start_soon(_accept, one, worker.handle, serving, gate)
+                _start_accepting(serving, listener, worker, announced, credentials)
                 if max_memory is not None:
                     # Only now (it runs at the next checkpoint, after the address is said): a
                     # "retiring" line before the address would be taken for it.
                     main_tg.start_soon(_watch_memory, worker, max_memory)
-                sys.stdout.write(f"{announced}\n")
-                sys.stdout.flush()
-                os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # later output → stderr
+                _announce(announced)
                 await worker.stop.requested.wait()
-                worker.stop.draining = True
-                await worker.stop.drain()
-                with anyio.CancelScope(shield=True):
-                    await _close_listener(listener)  # stop accepting
-                tail = anyio.current_time() + STOP_TAIL
-                await worker.cancel_calls(REPLY_TIMEOUT)
-                # Before the connections: a proxy connected to this worker hangs up itself.
-                with anyio.move_on_at(tail):
-                    await worker.nested.close()
-                # Half-close, so that clients end their streams themselves: a receive that is
-                # cancelled rather than ended can make asyncio report InvalidStateError.
-                await worker.close_connections(tail)
+                await _stop(worker, listener)
                 serving.cancel_scope.cancel()
             main_tg.cancel_scope.cancel()
     finally:
@@ -334,6 +294,91 @@ async def serve(address: Address | None = None, home: Path | None = None, *,
         remove_socket()
         if failed:  # here: its start failed where the main task returns
             raise SystemExit(1)  # noqa: B012
+
+
+def _start_server(main_tg: TaskGroup, address: str, idle_timeout: float,
+                  max_concurrency: int | None, control: int, max_calls: int | None,
+                  lifeline: _lifeline.Lifeline | None) -> Server:
+    """The worker's server, its nested proxies hosted in ``main_tg``, its notices written to
+    the parent on our stdout as it is now (the notices pipe of
+    :mod:`anywool.runtime.worker._contract`); and, in ``main_tg``, the tasks that watch the
+    parent's pipe (``control``), its pidfd (with a ``lifeline``) and the worker's idleness."""
+    notices = os.dup(sys.stdout.fileno())  # stdout itself goes to stderr (see _announce)
+    os.set_inheritable(notices, False)
+
+    def say(notice: str) -> None:
+        try:
+            os.write(notices, f"{notice}\n".encode())
+        except OSError:  # our parent closed its end: it stops us anyway
+            pass
+
+    def say_retiring(reason: str) -> None:
+        say(f"{RETIRING}{reason}")
+
+    worker = Server(address, NestedProxies(main_tg, idle_timeout, address), max_concurrency,
+                    control, max_calls=max_calls, on_retire=say_retiring, notify=say)
+    main_tg.start_soon(worker.watch_stdin)
+    main_tg.start_soon(worker.watch_idle)
+    if lifeline is not None:
+        main_tg.start_soon(worker.watch_parent, lifeline.parent)
+    return worker
+
+
+async def _enter_lifespan(lifespan: _lifespan.Lifespan | None, worker: Server,
+                          announced: Address) -> _lifespan.Running | None:
+    """Enter the worker's lifespan (none: just publish ``current_worker()``); ``None``: it
+    failed, and the line on stdout says why."""
+    info = _lifespan.WorkerInfo(_worker_uid(), _telemetry.worker.get("anywool.namespace"),
+                                str(announced), os.getpid())
+    # SIGTERM cancels the lifespan's exit, also one under way (a close that hangs).
+    running = _lifespan.Running(lifespan, info, worker.stop.cancelled_by_sigterm)
+    try:
+        await running.__aenter__()
+    except Exception as exc:
+        _start_failed(f"its lifespan failed to start: {exc!r}")
+        return None
+    return running
+
+
+def _start_accepting(serving: TaskGroup, listener: Listener[ByteStream], worker: Server,
+                     announced: Address, credentials: _auth.Credentials | None) -> None:
+    """Accept connections on every socket of ``listener``, each handled by ``worker`` in
+    ``serving``; on TCP, each peer authenticates first
+    (:mod:`anywool.runtime.worker._gatekeeper`)."""
+    gate = None
+    if not announced.is_unix:
+        from anywool.runtime.worker import _gatekeeper
+
+        assert credentials is not None
+        gate = _gatekeeper.Gatekeeper(credentials, str(announced), worker.handle)
+    for one in _sockets(listener):
+        serving.start_soon(_accept, one, worker.handle, serving, gate)
+
+
+def _announce(announced: Address) -> None:
+    """Say the address, the line on stdout the parent waits for; from then on, what this
+    process writes to stdout goes to stderr (the pipe carries notices only)."""
+    sys.stdout.write(f"{announced}\n")
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+
+
+async def _stop(worker: Server, listener: Listener[ByteStream]) -> None:
+    """Stop, as requested: drain the calls in flight for the grace asked for, stop accepting,
+    then, within :data:`~anywool.runtime.worker._contract.STOP_TAIL`, cancel the calls still
+    running, close the nested proxies and the connections."""
+    worker.stop.draining = True
+    await worker.stop.drain()
+    with anyio.CancelScope(shield=True):
+        await _close_listener(listener)  # stop accepting
+    tail = anyio.current_time() + STOP_TAIL
+    await worker.cancel_calls(REPLY_TIMEOUT)
+    # Before the connections: a proxy connected to this worker hangs up itself.
+    with anyio.move_on_at(tail):
+        await worker.nested.close()
+    # Half-close, so that clients end their streams themselves: a receive that is
+    # cancelled rather than ended can make asyncio report InvalidStateError.
+    await worker.close_connections(tail)
 
 
 def _start_failed(reason: str) -> None:
@@ -397,13 +442,13 @@ def _start_lifeline(address: Address | None, home: Path | None) -> _lifeline.Lif
         return None
     leftover = home if address is None else Path(address.path) if address.path else None
     # Forked by the pool's template: the pool is our grandparent, and the template checked the
-    # pidfd on it we inherit (see _template).
+    # pidfd on it we inherit (see pool/_template_process).
     pidfd_text = os.environ.pop(PARENT_PIDFD_ENV, None)
     parent_pidfd = int(pidfd_text) if pidfd_text is not None and pidfd_text.isdigit() else None
     try:
         return _lifeline.start(parent, leftover, _ORPHAN_GRACE, parent_pidfd)
     except _lifeline.ParentGone:
-        raise SystemExit(_ORPHANED_EXIT_CODE) from None
+        raise SystemExit(ORPHANED_EXIT_CODE) from None
 
 
 def _import_setup_modules() -> None:
@@ -523,12 +568,13 @@ def main(argv: list[str] | None = None) -> None:
         help="retire once the resident set passes BYTES (default: never)"
     )
     options = parser.parse_args(argv)
-    _secret.inherit()
+    _secret.inherit(os.environ.pop(SECRET_ENV, None))
     credentials = _credentials(parser, options)
     _apply_parent_environment()
     logging.basicConfig(level=logging.WARNING, format="anywool.worker[%(process)d] %(message)s")
     # What routines log and print goes to their callers (see runtime._output); the rest here.
-    _output.install(_output.level_from_environment())
+    _output.install(_output.decode_level(os.environ.pop(OUTPUT_LEVEL_ENV, None),
+                                         OUTPUT_LEVEL_ENV))
     # Default SIGINT handling would raise KeyboardInterrupt; we want "drain" instead.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     serializer.take_interrupts_as_values()  # so only a value can raise one here
@@ -542,7 +588,7 @@ def main(argv: list[str] | None = None) -> None:
     _telemetry.set_worker(os.environ.pop(UID_ENV, None), os.environ.pop(NAMESPACE_ENV, None))
     _import_setup_modules()
     try:
-        lifespan = _lifespan.from_environment()
+        lifespan = _lifespan.decode(os.environ.pop(LIFESPAN_ENV, None), LIFESPAN_ENV)
     except ValueError as exc:
         _start_failed(str(exc))
         raise SystemExit(1) from None

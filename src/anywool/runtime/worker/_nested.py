@@ -29,6 +29,7 @@ from anywool import _validate
 from anywool.runtime.wire import _serializer as serializer
 from anywool.runtime.wire._envelope import Origin
 from anywool.runtime._routine import RoutineDispatcher
+from anywool.runtime.worker._contract import PROXY_IDLE_TIMEOUT_ENV
 
 if TYPE_CHECKING:  # imported at the first nested call: most workers never make one
     from anywool.runtime.client._proxy import WorkerProxy
@@ -36,8 +37,6 @@ if TYPE_CHECKING:  # imported at the first nested call: most workers never make 
 # Named as before the runtime was split by side: users configure logging by this name.
 log = logging.getLogger("anywool.runtime._nested")
 
-#: The environment variable a worker reads its ``idle_timeout`` from (seconds).
-IDLE_TIMEOUT_ENV = "ANYWOOL_PROXY_IDLE_TIMEOUT"
 DEFAULT_IDLE_TIMEOUT = 60.0
 #: The most proxies a worker keeps while no call uses them: beyond, the least recently used
 #: is exited at once (each holds a subscription and a connection to every worker).
@@ -49,15 +48,15 @@ def idle_timeout_from_environment() -> float:
 
     :raises ValueError: the variable is set to something else.
     """
-    text = os.environ.get(IDLE_TIMEOUT_ENV)
+    text = os.environ.get(PROXY_IDLE_TIMEOUT_ENV)
     if text is None:
         return DEFAULT_IDLE_TIMEOUT
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"{IDLE_TIMEOUT_ENV} must be a number of seconds, got {text!r}") \
-            from None
-    return _validate.duration(IDLE_TIMEOUT_ENV, value, allow_zero=False)
+        raise ValueError(f"{PROXY_IDLE_TIMEOUT_ENV} must be a number of seconds, "
+                         f"got {text!r}") from None
+    return _validate.duration(PROXY_IDLE_TIMEOUT_ENV, value, allow_zero=False)
 
 
 class NestedProxies:

@@ -41,6 +41,15 @@ from anywool.runtime.wire import _envelope as envelope
 from anywool.runtime.wire import _exceptions
 from anywool.runtime.wire import _serializer as serializer
 from anywool.runtime.worker._callgroup import CallGroup, Scope, open_call_group, scope_factory
+from anywool.runtime.worker._contract import (
+    IDLE_TIMEOUT,
+    NOTICE_CALL,
+    NOTICE_IDLE,
+    NOTICE_RECYCLE,
+    REPORT_CALL,
+    STOP,
+    SUPERVISED,
+)
 from anywool.runtime.worker._nested import NestedProxies
 from anywool.runtime.wire._peer import PEER_GONE, PEER_HUNG_UP
 from anywool.runtime._routine import RoutineTask, routine_body, set_active, set_running
@@ -57,27 +66,10 @@ from anywool.runtime.wire._frames import (
 
 log = logging.getLogger("anywool.worker")
 
-# Control lines from the pool that spawned the worker (after its address; see Server._control)
-# and the notices it answers with (lines on its notices pipe; see LocalWorker.notice).
-#: The pool reads the worker's notices and acts on them: recycle requests are passed on.
-SUPERVISED = "supervised"
-#: ``idle-timeout <seconds>``: say NOTICE_IDLE after that long without a call.
-IDLE_TIMEOUT = "idle-timeout"
-#: Say NOTICE_CALL at the next call taken (once).
-REPORT_CALL = "report-call"
-NOTICE_RECYCLE = "recycle"
-NOTICE_IDLE = "idle"
-NOTICE_CALL = "call"
-
 # How long a cancelled call may take to tell its client it was cancelled.
 REPLY_TIMEOUT = 1.0
-#: Seconds a stopping worker spends after its drain, all steps together: cancelling the calls
-#: still running (at most REPLY_TIMEOUT of it), closing its nested proxies, half-closing and
-#: lingering for its clients, then shutting down the connections of those that stay. One
-#: budget, so that a client that never hangs up cannot stretch the stop past what the parent
-#: waits for (LocalWorker allows the grace plus this, plus a margin, before SIGTERM).
-STOP_TAIL = 2.0
-# Of the tail, what is kept for the connections shut down after the linger to end.
+# Of the stop's tail (STOP_TAIL), what is kept for the connections shut down after the
+# linger to end.
 _SHUTDOWN_RESERVE = 0.25
 # Seconds a call may take from its frame being read to its start before the worker looks in
 # the socket for its cancel frame (a call loading that long held the loop, so a cancel frame
@@ -254,7 +246,7 @@ class Server:
                  notify: Callable[[str], object] | None = None) -> None:
         self.address = address
         # What the worker tells the pool that spawned it, one line each on its notices pipe
-        # (see LocalWorker.notice): NOTICE_RECYCLE when a client asks for a rolling restart,
+        # (see _contract): NOTICE_RECYCLE when a client asks for a rolling restart,
         # NOTICE_IDLE every idle_timeout seconds without a call, NOTICE_CALL at the first call
         # taken once the pool asked for it. Only once the pool said it supervises the worker
         # (SUPERVISED on the control pipe): a worker run by hand, or by a bare LocalWorker,
@@ -880,7 +872,7 @@ class Server:
             *lines, buffer = buffer.split(b"\n")
             for line in lines:
                 words = line.decode(errors="replace").split()
-                if len(words) == 2 and words[0] == "stop":
+                if len(words) == 2 and words[0] == STOP:
                     try:
                         self.stop.request(float(words[1]))
                     except ValueError:

@@ -16,6 +16,12 @@ parent waits for (the pool's :class:`~anywool.errors.WorkerError` carries it) an
 that raises on exit is logged by the worker (``anywool.worker``), which still exits as it would.
 The worker is stopped as ever: a stop request lets its calls drain, then the lifespan exits;
 SIGTERM cancels the calls and the lifespan's exit runs cancelled (shield what must finish).
+
+A feature with one end in each process, like :mod:`anywool.runtime._output`: the parent checks
+and encodes a lifespan (:func:`check`, :func:`encode`), the worker decodes and runs it
+(:func:`decode`, :class:`Running`), routines read it (:func:`current_worker`). So it sits below
+both, not in :mod:`anywool.runtime.worker`: a pool's process imports this small module (no
+event loop, cloudpickle only once a lifespan is encoded), not the worker's machinery.
 """
 
 from __future__ import annotations
@@ -24,7 +30,6 @@ import base64
 import binascii
 import importlib
 import logging
-import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import (
     AbstractAsyncContextManager,
@@ -38,8 +43,6 @@ from uuid import UUID
 
 log = logging.getLogger("anywool.worker")
 
-#: Where a worker finds its lifespan (pickled, base64), set by its parent.
-LIFESPAN_ENV = "ANYWOOL_WORKER_LIFESPAN"
 # A pickled lifespan larger than this does not fit an environment variable on Linux (128 KiB a
 # string); it must be importable by reference instead.
 _ENCODED_AT_MOST = 96 * 1024
@@ -113,7 +116,8 @@ def check(value: object, name: str = "worker_lifespan") -> Lifespan | None:
 
 
 def encode(factory: Lifespan, name: str = "worker_lifespan") -> str:
-    """``factory`` as the worker's ``$ANYWOOL_WORKER_LIFESPAN``.
+    """``factory`` as the worker's environment carries it (the variable is the worker
+    contract's ``LIFESPAN_ENV``); :func:`decode` reads it back.
 
     :raises TypeError: it cannot be pickled, or pickles too large to hand over this way.
     """
@@ -130,13 +134,13 @@ def encode(factory: Lifespan, name: str = "worker_lifespan") -> str:
     return text
 
 
-def from_environment() -> Lifespan | None:
-    """The lifespan this worker's parent handed it (taken out of the environment: the
-    routines' subprocesses do not inherit it).
+def decode(text: str | None, variable: str) -> Lifespan | None:
+    """The lifespan this worker's parent handed it, from ``text`` as :func:`encode` made it
+    (``None`` or empty: none).
 
-    :raises ValueError: it cannot be loaded (the message says why).
+    :raises ValueError: it cannot be loaded (the message says why, naming ``$variable`` when
+        ``text`` is malformed).
     """
-    text = os.environ.pop(LIFESPAN_ENV, None)
     if not text:
         return None
     from anywool.runtime.wire import _serializer
@@ -144,7 +148,7 @@ def from_environment() -> Lifespan | None:
     try:
         factory = _serializer.loads(base64.b64decode(text, validate=True))
     except (binascii.Error, ValueError) as exc:
-        raise ValueError(f"${LIFESPAN_ENV} is malformed: {exc}") from None
+        raise ValueError(f"${variable} is malformed: {exc}") from None
     except Exception as exc:
         raise ValueError(f"the lifespan could not be loaded here: {exc!r}") from None
     if not callable(factory):

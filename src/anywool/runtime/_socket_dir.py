@@ -7,6 +7,12 @@ dead worker's: the next claim of any namespace sweeps it (``_claim.sweep_leftove
 parent, which chose the directory before starting the worker, removes it after reaping the
 worker, also when the worker never got as far as reporting its address.
 
+One end in each process: the parent chooses and removes (:func:`choose`, :func:`remove`; the
+worker's lifeline removes too), the worker creates and holds (:class:`Home`). So it sits below
+both, not in :mod:`anywool.runtime.worker`: a pool's process imports this module, not the
+worker's machinery. (Discovery's sweep knows the ``w-`` prefix and the lock too, by value: it
+is a layer below and cannot import this.)
+
 Synchronous and small: no event loop here.
 """
 
