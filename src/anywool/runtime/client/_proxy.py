@@ -39,13 +39,8 @@ from anywool.runtime.wire import _auth
 from anywool.runtime import _output, _telemetry
 from anywool.runtime.client import _wakeup
 from anywool.runtime.wire import _serializer as serializer
-from anywool.runtime.client._connection import (
-    CallNotDelivered,
-    WorkerBusy,
-    WorkerConnection,
-    _Call,
-    drive_stream,
-)
+from anywool.runtime.client._call import Call, CallNotDelivered, WorkerBusy, drive_stream
+from anywool.runtime.client._connection import WorkerConnection
 from anywool.runtime.wire._envelope import Origin
 from anywool.runtime.client._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
 from anywool.runtime._output import OutputLine
@@ -956,7 +951,7 @@ class WorkerProxy(SingleUse):
         as :meth:`dispatch` does.
         """
 
-        async def open_call() -> _Call:
+        async def open_call() -> Call:
             telemetry = _telemetry.current()
             if telemetry is None:
                 return await self._deliver(lambda c: c.stream(fn, args, kwargs))
