@@ -9,13 +9,14 @@ Limits and security checks are in security.py, time bounds and defaults in bound
 from mutate import Mutation
 
 _CONNECTION = "src/anywool/runtime/client/_connection.py"
+_CALL = "src/anywool/runtime/client/_call.py"
 _SERVER = "src/anywool/runtime/worker/_server.py"
 
 MUTATIONS: list[Mutation] = [
     # -- cancellation ----------------------------------------------------------------------
     Mutation(
         name="caller-cancellation-becomes-routine-cancelled",
-        path=_CONNECTION,
+        path=_CALL,
         old="""        except anyio.get_cancelled_exc_class():
             await self.abort()
             raise
@@ -29,7 +30,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="cancel-does-not-wait-for-the-unwind",
-        path=_CONNECTION,
+        path=_CALL,
         old="""                            if kind == Kind.CANCELLING:
                                 taken = True
                                 break""",
@@ -64,7 +65,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="call-lost-after-acceptance-counts-as-undelivered",
-        path=_CONNECTION,
+        path=_CALL,
         old="""            if self.accepted:
                 raise lost from None""",
         new="""            if False:
@@ -99,7 +100,7 @@ MUTATIONS: list[Mutation] = [
     # -- async generator routines ----------------------------------------------------------
     Mutation(
         name="asend-value-dropped",
-        path=_CONNECTION,
+        path=_CALL,
         old="""                    _NONE if sent is None
                     else serializer.dumps_value(sent, call.name, "the value sent to it"))""",
         new="""                    _NONE)""",
@@ -108,7 +109,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="athrow-sent-as-asend",
-        path=_CONNECTION,
+        path=_CALL,
         old="""                kind, payload = Kind.ATHROW, Pickled([_exceptions.dumps_exception(exc)])""",
         new="""                kind, payload = Kind.ASEND, _NONE""",
         tests=("tests/integration/test_pool.py::test_async_generator_routine_supports_asend_athrow_aclose",),
@@ -197,7 +198,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="context-changes-lost-when-the-routine-raises",
-        path=_CONNECTION,
+        path=_CALL,
         old="""                data, changes = envelope.decode_reply(frame.payload)
                 self._update(changes)
             except (FrameError""",
@@ -209,7 +210,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="context-changes-lost-when-the-routine-returns",
-        path=_CONNECTION,
+        path=_CALL,
         old="""        data, changes = envelope.decode_reply(frame.payload)
         self._update(changes)
         return serializer""",
@@ -386,7 +387,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="call-deadline-not-carried",
         path=_CONNECTION,
-        old="""            None if streaming else _seconds_left(),""",
+        old="""            None if streaming else seconds_left(),""",
         new="""            None,""",
         tests=("tests/integration/test_dispatch_edges.py::test_the_callers_deadline_travels_with_the_call",),
         why="README: the caller's effective deadline goes with the call; the routine runs under "
@@ -394,9 +395,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="step-deadline-not-carried",
-        path=_CONNECTION,
-        old="""Step(value, _seconds_left(), _dump_context(self.name),""",
-        new="""Step(value, None, _dump_context(self.name),""",
+        path=_CALL,
+        old="""Step(value, seconds_left(), dump_context(self.name),""",
+        new="""Step(value, None, dump_context(self.name),""",
         tests=("tests/integration/test_dispatch_edges.py::test_current_task_describes_the_call_on_its_worker",),
         why="README: an async generator's steps each carry the deadline in effect where that "
             "step is awaited",

@@ -120,7 +120,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-connection-cancel-grace-longer",
-        path="src/anywool/runtime/client/_connection.py",
+        path="src/anywool/runtime/client/_call.py",
         old="with anyio.move_on_after(connection._cancel_grace) as grace,",
         new="with anyio.move_on_after(connection._cancel_grace + 0.7) as grace,",
         tests=(f"{INTERRUPT}::test_a_routine_that_swallows_the_interruption_loses_its_worker_after_cancel_grace",),
@@ -136,7 +136,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-connection-cancel-timeout-longer",
-        path="src/anywool/runtime/client/_connection.py",
+        path="src/anywool/runtime/client/_call.py",
         old="with anyio.move_on_after(connection._cancel_timeout) as unwinding,",
         new="with anyio.move_on_after(connection._cancel_timeout + 2) as unwinding,",
         tests=(f"{INTERRUPT}::test_a_routine_unwinding_slowly_holds_its_caller_for_the_default_cancel_timeout_of_5_s",),

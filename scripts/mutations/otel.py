@@ -6,6 +6,7 @@ from mutate import Mutation
 
 _TELEMETRY = "src/anywool/runtime/_telemetry.py"
 _CONNECTION = "src/anywool/runtime/client/_connection.py"
+_CALL = "src/anywool/runtime/client/_call.py"
 _TESTS = "tests/integration/test_telemetry.py"
 _UNIT = "tests/unit/test_telemetry_context.py"
 
@@ -86,7 +87,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="otel-step-context-not-carried",
-        path=_CONNECTION,
+        path=_CALL,
         old="""        trace = None if self.telemetry is None else self.telemetry.carry_step()""",
         new="""        trace = None""",
         tests=(f"{_TESTS}::test_each_step_carries_the_callers_baggage",),

@@ -37,7 +37,7 @@ def runtime_dir(create: bool = True) -> Path:
     :raises FileNotFoundError: it does not exist and ``create`` is false, or its parent does
         not exist.
     """
-    path = _configured()
+    path = configured_path()
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -70,7 +70,12 @@ def runtime_dir(create: bool = True) -> Path:
     return path
 
 
-def _configured() -> Path:
+def configured_path() -> Path:
+    """The runtime directory's path as configured (``$ANYWOOL_RUNTIME_DIR``, else the
+    default), neither checked nor created.
+
+    :raises ValueError: ``$ANYWOOL_RUNTIME_DIR`` is a relative path.
+    """
     return _path_for(os.environ.get(ENV_VAR), os.getuid())
 
 
@@ -104,7 +109,7 @@ def in_memory() -> bool:
 
     :raises ValueError: as :func:`runtime_dir` (a relative ``$ANYWOOL_RUNTIME_DIR``).
     """
-    return _on_memory_filesystem(str(_configured()))
+    return _on_memory_filesystem(str(configured_path()))
 
 
 @functools.lru_cache(maxsize=16)

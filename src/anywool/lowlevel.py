@@ -19,7 +19,8 @@ announced in the release notes. Re-exports only; the machinery lives in private 
 
 from anywool.discovery._hub import SourceStats
 from anywool.discovery._hub import source_stats as discovery_stats
-from anywool.runtime.client._connection import CallNotDelivered, WorkerBusy, WorkerConnection
+from anywool.runtime.client._call import CallNotDelivered, WorkerBusy
+from anywool.runtime.client._connection import WorkerConnection
 
 __all__ = [
     "CallNotDelivered",

@@ -21,7 +21,8 @@ from anywool import (
     WorkerPool,
     routine,
 )
-from anywool.runtime.client._connection import CallNotDelivered, WorkerConnection
+from anywool.runtime.client._call import CallNotDelivered
+from anywool.runtime.client._connection import WorkerConnection
 from anywool.runtime.wire._frames import FrameStream
 
 from ..helpers import (call_payload, exception_of, follow, result_of, step_payload, take, wait_until,
@@ -539,7 +540,7 @@ async def seconds_left() -> float:
 
 
 async def test_the_callers_deadline_travels_with_the_call(tmp_path, monkeypatch):
-    from anywool.runtime.client._connection import _Call
+    from anywool.runtime.client._call import Call
 
     async def cancel_frame_lost(self) -> None:  # as if the CANCEL frame never arrived
         self.finished = True
@@ -552,7 +553,7 @@ async def test_the_callers_deadline_travels_with_the_call(tmp_path, monkeypatch)
             assert 3 < left <= 5  # the worker sees what remains of the caller's deadline
             with anyio.CancelScope(shield=True):  # no deadline here: none travels
                 assert await connection.call(seconds_left.__wrapped__, (), {}) == float("inf")
-            monkeypatch.setattr(_Call, "abort", cancel_frame_lost)
+            monkeypatch.setattr(Call, "abort", cancel_frame_lost)
             with anyio.move_on_after(0.3) as scope:
                 await connection.call(sleep_and_note.__wrapped__, (str(marker),), {})
             assert scope.cancelled_caught

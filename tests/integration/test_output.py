@@ -20,7 +20,7 @@ from anywool import LocalWorker, OutputLine, WorkerPool, WorkerProxy, routine
 from anywool.discovery.local import LocalDiscovery
 from anywool.lowlevel import WorkerConnection
 from anywool.runtime import _output
-from anywool.runtime.client._connection import drive_stream
+from anywool.runtime.client._call import drive_stream
 from anywool.runtime.wire._frames import Frame, Kind
 
 from ..helpers import Records

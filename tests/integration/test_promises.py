@@ -12,7 +12,7 @@ import pytest
 
 from anywool import LocalWorker, RoutineCancelled, routine
 from anywool.lowlevel import WorkerConnection
-from anywool.runtime.client._connection import drive_stream
+from anywool.runtime.client._call import drive_stream
 
 pytestmark = pytest.mark.anyio
 

@@ -301,7 +301,7 @@ async def test_a_stream_its_worker_ended_while_suspended_says_it_was_cancelled(h
     # The worker answers the suspended call RoutineCancelled, then closes the connection: the
     # next step's send fails, and what the worker said is the answer, not the lost connection.
     from anywool import RoutineCancelled
-    from anywool.runtime.client._connection import drive_stream
+    from anywool.runtime.client._call import drive_stream
 
     with anyio.fail_after(30):
         async with LocalWorker() as worker:
@@ -330,7 +330,7 @@ async def test_a_step_whose_send_fails_on_a_connection_left_open_fails_not_waits
     from anyio.abc import SocketAttribute
 
     from anywool.runtime.wire import _envelope, _serializer
-    from anywool.runtime.client._connection import drive_stream
+    from anywool.runtime.client._call import drive_stream
 
     path = str(tmp_path / "fake.sock")  # (short enough for sun_path under pytest's tmp)
     with anyio.fail_after(20):

@@ -174,6 +174,7 @@ async def test_calls_cancelled_while_they_wait_for_room_leave_no_wake_up_owed(
                         tg.start_soon(keep, i)
             proxy = pool.proxy
             assert proxy is not None
-            owed = (proxy._promised, len(proxy._room_waiters), len(proxy._room_front))
+            queue = proxy._room_queue
+            owed = (queue.promised, len(queue.back), len(queue.front), queue.queued)
     assert results == {i: 2 * i for i in range(200)}
-    assert owed == (0, 0, 0)
+    assert owed == (0, 0, 0, 0)

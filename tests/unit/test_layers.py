@@ -56,27 +56,38 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
+def from_imports(path: Path, root: Path) -> list[tuple[int, str, str, bool]]:
+    """``(line, module, name, is_module)`` for every ``from module import name`` in ``path``,
+    at any depth (in functions, under ``TYPE_CHECKING``), a relative ``module`` resolved;
+    ``is_module``: ``name`` is a submodule of ``module`` (under ``root``)."""
+    package = module_name(path, root)
+    if path.name != "__init__.py":
+        package = package.rpartition(".")[0]
+    found: list[tuple[int, str, str, bool]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
+            source = ".".join(base + ([node.module] if node.module else []))
+        else:
+            source = node.module or ""
+        for alias in node.names:
+            candidate = root / Path(*f"{source}.{alias.name}".split("."))
+            is_module = candidate.with_suffix(".py").exists() or (
+                candidate / "__init__.py").exists()
+            found.append((node.lineno, source, alias.name, is_module))
+    return found
+
+
 def imported(path: Path, root: Path) -> list[tuple[int, str]]:
     """``(line, module)`` for every import of an ``anywool`` module in ``path``, at any depth
     (in functions, under ``TYPE_CHECKING``), ``from package import submodule`` resolved to
     the submodule."""
-    name = module_name(path, root)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found.extend((node.lineno, alias.name) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                source = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source = node.module or ""
-            for alias in node.names:
-                candidate = f"{source}.{alias.name}"
-                is_module = (root / Path(*candidate.split("."))).with_suffix(".py").exists() or (
-                    root / Path(*candidate.split(".")) / "__init__.py").exists()
-                found.append((node.lineno, candidate if is_module else source))
+    found = [(node.lineno, alias.name) for node in ast.walk(ast.parse(path.read_text(), str(path)))
+             if isinstance(node, ast.Import) for alias in node.names]
+    found.extend((line, f"{source}.{name}" if is_module else source)
+                 for line, source, name, is_module in from_imports(path, root))
     return [(line, module) for line, module in found
             if module == "anywool" or module.startswith("anywool.")]
 

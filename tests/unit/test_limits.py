@@ -27,7 +27,7 @@ from anywool import (
     _runtime_dir,
     _secret,
 )
-from anywool.cli._worker_command import _read_secret, worker as worker_command
+from anywool.cli._worker_command import read_secret, worker as worker_command
 from anywool.discovery.local import _claim
 from anywool.metadata import WorkerMetadata
 from anywool.runtime.wire import _frames
@@ -165,24 +165,24 @@ def _secret_file(tmp_path: Path, mode: int, text: str = "s" * 32) -> Path:
 def test_a_secret_file_any_group_or_other_permission_refuses(tmp_path: Path, bit: int) -> None:
     path = _secret_file(tmp_path, 0o600 | bit)
     with pytest.raises(click.BadParameter, match="accessible to other users") as info:
-        _read_secret(path)
+        read_secret(path)
     assert f"mode {0o600 | bit:04o}" in info.value.message
     assert "s" * 16 not in info.value.message  # the secret itself is never shown
 
 
 @pytest.mark.parametrize("mode", [0o600, 0o400, 0o700, 0o200])
 def test_a_secret_file_only_its_owner_may_access_is_accepted(tmp_path: Path, mode: int) -> None:
-    assert _read_secret(_secret_file(tmp_path, mode)) == b"s" * 32
+    assert read_secret(_secret_file(tmp_path, mode)) == b"s" * 32
 
 
 def test_a_secret_file_sheds_surrounding_whitespace(tmp_path: Path) -> None:
     secret = secrets.token_hex(8)  # 16 bytes: the whitespace around it must not count
-    assert _read_secret(_secret_file(tmp_path, 0o600, f" \t{secret}\n\n")) == secret.encode()
+    assert read_secret(_secret_file(tmp_path, 0o600, f" \t{secret}\n\n")) == secret.encode()
 
 
 def test_a_secret_file_of_15_bytes_is_refused(tmp_path: Path) -> None:
     with pytest.raises(click.BadParameter, match="at least 16 bytes long, got 15 bytes"):
-        _read_secret(_secret_file(tmp_path, 0o600, "s" * 15 + "\n"))
+        read_secret(_secret_file(tmp_path, 0o600, "s" * 15 + "\n"))
 
 
 # -- the runtime directory: 0700, never writable by others --------------------------------------

@@ -32,7 +32,7 @@ async def test_a_set_wakes_its_waiter() -> None:
 
 async def test_a_set_after_its_waiter_was_cancelled_still_counts_as_given() -> None:
     # The waiter's cancellation is delivered, then the wake-up is given before the waiter
-    # runs again: it must see that it was owed one, to pass it on (see WorkerProxy's rooms).
+    # runs again: it must see that it was owed one, to pass it on (see runtime.client._room).
     wakeup = _wakeup.factory()()
     seen: list[bool] = []
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 
 from anywool.runtime.client import _connection
-from anywool.runtime.client._connection import WorkerConnection, _Call
+from anywool.runtime.client._call import Call
+from anywool.runtime.client._connection import WorkerConnection
 
 
 def _settled(connection: WorkerConnection, started: float) -> None:
-    call = _Call(connection, 1, "routine", quiet_ack=True)
+    call = Call(connection, 1, "routine", quiet_ack=True)
     call.waiting = call.running = True
     connection._unstarted += 1
     connection._running += 1
@@ -60,7 +61,7 @@ def test_a_full_window_makes_the_connection_busy_until_a_call_starts() -> None:
     connection = _connection_with_window(2)
     calls = []
     for call_id in (1, 2):
-        call = _Call(connection, call_id, "routine", quiet_ack=True)
+        call = Call(connection, call_id, "routine", quiet_ack=True)
         call.waiting = call.running = True
         connection._unstarted += 1
         connection._running += 1

@@ -43,7 +43,7 @@ import click
 
 from anywool.cli._etcd_ops import etcd_options
 from anywool.cli._ops import runtime_dir_option, short
-from anywool.cli._top_command import _Source, credentials_for, source_for
+from anywool.cli._top_command import Source, credentials_for, source_for
 from anywool.errors import AuthenticationError, WorkerError
 from anywool.metadata import WorkerMetadata
 from anywool.runtime.wire import _auth
@@ -94,10 +94,10 @@ def recycle(namespace: str, timeout: float, connect_timeout: float, secret_file:
     line per change. Exit 0 when every host is done; 1 on a refusal, a failed authentication, a
     host not done within --timeout seconds, or no namespace NAMESPACE.
     """
-    from anywool.cli._worker_command import _read_secret, _read_tls
+    from anywool.cli._worker_command import read_secret, read_tls
 
-    credentials = credentials_for(_read_secret(secret_file),
-                                  _read_tls(tls_cert, tls_key, tls_ca))
+    credentials = credentials_for(read_secret(secret_file),
+                                  read_tls(tls_cert, tls_key, tls_ca))
     source = source_for(namespace, runtime_dir, etcd)
     failure = anyio.run(partial(_run, source, credentials, timeout, connect_timeout),
                         backend="asyncio")
@@ -139,7 +139,7 @@ def hosts(workers: Sequence[WorkerMetadata]) -> list[_Host]:
     return list(found.values())
 
 
-async def _run(source: _Source, credentials: _auth.Credentials | None, timeout: float,
+async def _run(source: Source, credentials: _auth.Credentials | None, timeout: float,
                connect_timeout: float) -> str | None:
     """Recycle every host of the namespace in turn; why it stopped, else ``None``."""
     workers = await source.workers()
@@ -196,7 +196,7 @@ async def _ask(host: _Host, credentials: _auth.Credentials | None,
     return f"{host.name}: no worker took the request: {'; '.join(reasons)}"
 
 
-async def _until_replaced(source: _Source, host: _Host, timeout: float) -> str | None:
+async def _until_replaced(source: Source, host: _Host, timeout: float) -> str | None:
     """Follow the namespace until every worker ``host`` had is withdrawn and as many new ones
     of it are announced, within ``timeout`` seconds; why not, else ``None``."""
     before = {metadata.uid: metadata for metadata in host.workers}

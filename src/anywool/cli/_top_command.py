@@ -98,9 +98,9 @@ def top(namespace: str, interval: float, timeout: float, once: bool, secret_file
     NAMESPACE is a namespace's name (or an entry as ls shows it); with --etcd, a namespace's
     name in that cluster.
     """
-    from anywool.cli._worker_command import _read_secret
+    from anywool.cli._worker_command import read_secret
 
-    credentials = credentials_for(_read_secret(secret_file), None)
+    credentials = credentials_for(read_secret(secret_file), None)
     source = source_for(namespace, runtime_dir, etcd)
     out = console()
     try:
@@ -126,7 +126,7 @@ def credentials_for(secret: bytes | None, tls: MutualTLS | None
         raise click.UsageError(str(exc)) from None
 
 
-def source_for(namespace: str, runtime_dir: str | None, etcd: dict[str, Any]) -> _Source:
+def source_for(namespace: str, runtime_dir: str | None, etcd: dict[str, Any]) -> Source:
     """Where ``namespace``'s workers are read from: its etcd cluster, or this host's runtime
     directory.
 
@@ -139,11 +139,11 @@ def source_for(namespace: str, runtime_dir: str | None, etcd: dict[str, Any]) ->
         if not exists:
             raise click.ClickException(f"no generation of namespace {namespace!r} in "
                                        f"{where(root)}")
-    return _Source(namespace, cluster, root, runtime_dir)
+    return Source(namespace, cluster, root, runtime_dir)
 
 
 @dataclass(frozen=True)
-class _Source:
+class Source:
     """Where NAMESPACE's workers are listed: an etcd cluster, or this host's runtime
     directory."""
 
@@ -220,7 +220,7 @@ async def sample_all(workers: Sequence[WorkerMetadata], credentials: _auth.Crede
     return [each for each in samples if each is not None]
 
 
-async def _run(source: _Source, credentials: _auth.Credentials | None, interval: float,
+async def _run(source: Source, credentials: _auth.Credentials | None, interval: float,
                timeout: float, once: bool, as_json: bool, out: Console) -> str | None:
     """Sample and show until Ctrl-C (once with ``once``); what went wrong, else ``None``."""
     previous: dict[tuple[str, int], WorkerStats] = {}

@@ -70,7 +70,7 @@ def _say(line: str) -> None:
     sys.stdout.flush()
 
 
-def _read_tls(tls_cert: str | None, tls_key: str | None, tls_ca: str | None
+def read_tls(tls_cert: str | None, tls_key: str | None, tls_ca: str | None
               ) -> MutualTLS | None:
     """The mutual TLS the --tls-* options give (``None``: none given).
 
@@ -86,7 +86,7 @@ def _read_tls(tls_cert: str | None, tls_key: str | None, tls_ca: str | None
         raise click.UsageError(str(exc)) from None
 
 
-def _read_secret(path: Path | None) -> bytes | None:
+def read_secret(path: Path | None) -> bytes | None:
     """The secret in ``path``: its bytes without surrounding whitespace (what an editor or
     ``echo`` leaves at the end is not part of it). Refused when others may read the file."""
     if path is None:
@@ -196,8 +196,8 @@ def worker(discovery: str, namespace: str, workers: int, host: str | None,
     if host is None and (secret_file or tls_cert or tls_key or tls_ca):
         raise click.UsageError("--secret-file and --tls-* are for workers on TCP: add --host "
                                "(with --discovery local, workers use Unix sockets otherwise)")
-    secret = _read_secret(secret_file)
-    tls = _read_tls(tls_cert, tls_key, tls_ca)
+    secret = read_secret(secret_file)
+    tls = read_tls(tls_cert, tls_key, tls_ca)
     if host and secret is None and tls is None and not os.environ.get(_secret.ENV):
         raise click.UsageError(
             "workers on TCP accept only peers that authenticate: pass --secret-file (a file of "

@@ -314,7 +314,7 @@ class Telemetry:
                                    and self.textmap() is _w3c and "traceparent" in carrier)
 
     def refused(self, call: Any, attributes: Mapping[str, str] | None) -> None:
-        """A worker refused ``call`` (a connection's ``_Call``, if it is still known) as
+        """A worker refused ``call`` (a connection's ``Call``, if it is still known) as
         busy."""
         if self.meter is not None:
             self.refusals.add(1, _metric_attributes(call and call.name, attributes))

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from anywool._runtime_dir import _configured, runtime_dir
+from anywool._runtime_dir import configured_path, runtime_dir
 from anywool.discovery.local._binding import (
     lease_ids,
     lease_is_dead,
@@ -237,7 +237,7 @@ def locate() -> tuple[Path, bool]:
     try:
         return runtime_dir(create=False), True
     except FileNotFoundError:
-        return _configured(), False
+        return configured_path(), False
 
 
 def _is_entry(name: str) -> bool:

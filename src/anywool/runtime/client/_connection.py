@@ -1,11 +1,13 @@
 """The client side of one worker connection: many concurrent calls over one stream.
 
 :class:`WorkerConnection` is an owner: entering it connects and starts its reader task in its own
-task group; the reader demultiplexes frames by call id to the calls (:class:`_Call`: a queue and
-an event each; under asyncio the event loop routes them itself while the reader waits, see
-``FrameStream.deliver_while_waiting``). Callers never touch the task group: a call sends frames
-(under the frame stream's send lock) and waits for its own, so any task may call, and the async
-generator returned for a streaming routine never yields inside a cancel scope (house rule 3).
+task group; the reader demultiplexes frames by call id to the calls
+(:class:`~anywool.runtime.client._call.Call`: a queue and an event each; under asyncio the event
+loop routes them itself while the reader waits, see ``FrameStream.deliver_while_waiting``).
+Callers never touch the task group: a call sends frames (under the frame stream's send lock) and
+waits for its own, so any task may call, and the async generator returned for a streaming
+routine never yields inside a cancel scope (house rule 3). What one call is, and how it is
+driven and cancelled, is :mod:`anywool.runtime.client._call`'s.
 
 What this module must never do: retry a call the worker may have started (only undelivered calls
 are reported as :class:`CallNotDelivered`, which a load balancer may retry elsewhere).
@@ -15,39 +17,35 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import time
-from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any, NoReturn
+from typing import Any
 
 import anyio
-import anyio.lowlevel
 from anyio.abc import ByteStream, TaskGroup
 
 from anywool._address import Address
 from anywool._owner import SingleUse, exit_task_group
 from anywool import _secret
-from anywool.errors import (
-    AuthenticationError,
-    PayloadTooLarge,
-    RoutineCancelled,
-    SerializationError,
-    WorkerError,
-)
+from anywool.errors import AuthenticationError, PayloadTooLarge, WorkerError
 from anywool.runtime.wire import _auth, _socket
-from anywool.runtime import _context, _output, _telemetry
-from anywool.runtime.client import _ctrl_c, _wakeup
+from anywool.runtime import _output, _telemetry
+from anywool.runtime.client import _wakeup
 from anywool.runtime.wire import _envelope as envelope
-from anywool.runtime.wire import _exceptions
 from anywool.runtime.wire import _serializer as serializer
-from anywool.runtime.wire._envelope import CallRequest, Origin, Step
-from anywool.runtime.wire._serializer import Buffer, Pickled
+from anywool.runtime.wire._envelope import CallRequest, Origin
+from anywool.runtime.wire._serializer import Buffer
 from anywool.runtime.wire._stats import WorkerStats
 from anywool.runtime.wire._peer import PEER_GONE
 from anywool.runtime._routine import running_task
+from anywool.runtime.client._call import (
+    TERMINAL,
+    Call,
+    CallNotDelivered,
+    dump_context,
+    seconds_left,
+)
 from anywool.runtime.client._wakeup import Wakeup
 from anywool.runtime.wire._frames import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -63,14 +61,8 @@ from anywool.runtime.wire._frames import (
 # Named as before the runtime was split by side: users configure logging by this name.
 log = logging.getLogger("anywool.runtime._connection")
 
-_TERMINAL = frozenset({Kind.RETURN, Kind.END, Kind.EXCEPTION, Kind.NACK})
-# What says that a worker took a cancellation: it answered, or the call ended.
-_TAKEN = _TERMINAL | {Kind.CANCELLING}
 # Seconds a closing connection waits for the worker's end-of-stream, then for the close itself.
 _CLOSE_TIMEOUT = 1.0
-# How close (seconds) the caller's deadline must be for a routine the worker cancelled to count
-# as cancelled by that deadline (see _own_deadline).
-_DEADLINE_SLACK = 0.1
 # Calls sent to a worker that has not started them yet are committed to it: no other worker can
 # take them. So a connection takes more only while its calls start promptly (see
 # WorkerConnection.busy): its window of calls waiting to start grows by one for each call that
@@ -85,17 +77,6 @@ START_WITHIN = 0.002
 HELD_OVER = 0.02
 WINDOW_MAX = 64
 INITIAL_WINDOW = 1
-
-
-class CallNotDelivered(WorkerError):
-    """The worker never accepted the call (refused it, or the connection was already broken),
-    so it certainly did not run and may be retried on another worker."""
-
-
-class WorkerBusy(CallNotDelivered):
-    """The worker refused the call because it runs ``max_concurrency`` calls already; it tells
-    the connection when it has room again (:attr:`WorkerConnection.busy` turns false)."""
-
 
 
 class WorkerConnection(SingleUse):
@@ -192,7 +173,7 @@ class WorkerConnection(SingleUse):
         self._stream: ByteStream | None = None
         self._frames: FrameStream | None = None
         self._task_group: TaskGroup | None = None
-        self._calls: dict[int, _Call] = {}
+        self._calls: dict[int, Call] = {}
         # Statistics and recycle requests waiting for their answer, by request id (see stats,
         # recycle).
         self._stats_waiters: dict[int, _StatsWaiter] = {}
@@ -368,7 +349,7 @@ class WorkerConnection(SingleUse):
             self._output_of(call, frame)
             return
         if frame.kind == Kind.CANCELLING:
-            if call.finished:  # aborting: it waits for this (see _Call.abort)
+            if call.finished:  # aborting: it waits for this (see Call.abort)
                 call.deliver(frame)
             return
         if frame.kind == Kind.ACK:
@@ -385,18 +366,18 @@ class WorkerConnection(SingleUse):
                 self._accepted()
             if call.quiet_ack:
                 return
-        elif frame.kind in _TERMINAL:
+        elif frame.kind in TERMINAL:
             self._settle(call, ended=True)  # refused, failed to load, or ended
         call.deliver(frame)
 
-    def _output_of(self, call: _Call, frame: Frame) -> None:
+    def _output_of(self, call: Call, frame: Frame) -> None:
         output = self._output if call.relay is None else _RELAY
         if output is not None:
             uid, pid = self._identity
             output.receive(frame.payload, [uid, self.address, pid, call.name, call.id],
                            call.relay)
 
-    def _settle(self, call: _Call, *, started: float | None = None,
+    def _settle(self, call: Call, *, started: float | None = None,
                 ended: bool = False) -> None:
         """Account for ``call`` no longer waiting to start (it started ``started`` seconds
         after the worker read it; or it ended, or was given up, before it started) and, with
@@ -423,7 +404,7 @@ class WorkerConnection(SingleUse):
             except Exception:
                 log.exception("on_free callback of %s failed", self.address)
 
-    def _unresponsive(self, call: _Call, why: str) -> None:
+    def _unresponsive(self, call: Call, why: str) -> None:
         log.warning("worker %s counts as stuck after the cancellation of %s: %s (its event loop "
                     "is held: C code holding the GIL, or a routine ignoring the interruption)",
                     self.address, call.name, why)
@@ -489,9 +470,9 @@ class WorkerConnection(SingleUse):
         """Wait until the connection fails, or the worker (or this side) closes it."""
         await self._lost.wait()
 
-    def _withdraw(self, call: _Call) -> None:
+    def _withdraw(self, call: Call) -> None:
         """Keep following ``call``, given up before the worker started it, in a task of the
-        connection's own (see :meth:`_Call.watch_withdrawn`); its caller goes on."""
+        connection's own (see :meth:`.Call.watch_withdrawn`); its caller goes on."""
         call.withdrawn = True
         call.quiet_ack = False  # its watcher must see an ACK that comes after all
         task_group = self._task_group
@@ -499,7 +480,7 @@ class WorkerConnection(SingleUse):
             return
         task_group.start_soon(call.watch_withdrawn, name=f"anywool-withdrawn-{call.id}")
 
-    def _bury(self, call: _Call) -> None:
+    def _bury(self, call: Call) -> None:
         call.withdrawn = False
         self._forget(call.id)
 
@@ -591,7 +572,7 @@ class WorkerConnection(SingleUse):
     # -- calls -------------------------------------------------------------------------------
 
     def _prepare(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                 *, streaming: bool, plain: bool = False) -> tuple[_Call, Parts, Origin | None]:
+                 *, streaming: bool, plain: bool = False) -> tuple[Call, Parts, Origin | None]:
         """Register a call and make its CALL frame's payload (synchronous: nothing is sent yet; the
         call counts among those waiting to start from here on).
 
@@ -613,10 +594,10 @@ class WorkerConnection(SingleUse):
         request = CallRequest(
             serializer.dumps_value((fn, args, kwargs), name, "the arguments"),
             name,
-            None if streaming else _seconds_left(),
+            None if streaming else seconds_left(),
             caller,
             origin,
-            None if streaming else _dump_context(name),
+            None if streaming else dump_context(name),
             plain,
             self._output is not None if caller is None else relay is not None,
             trace=trace,
@@ -632,7 +613,7 @@ class WorkerConnection(SingleUse):
             raise PayloadTooLarge(f"the call to {name}", size, limit)
         if self._failure is not None or self._frames is None:
             raise CallNotDelivered(self.address, self._failure or "not connected")
-        call = self._calls[call_id] = _Call(self, call_id, name, quiet_ack=not streaming)
+        call = self._calls[call_id] = Call(self, call_id, name, quiet_ack=not streaming)
         call.relay = relay
         call.telemetry = client
         call.waiting = call.running = True
@@ -646,7 +627,7 @@ class WorkerConnection(SingleUse):
                 log.exception("on_sent callback of %s failed", self.address)
         return call, payload, origin
 
-    async def _send_call(self, call: _Call, payload: Parts, origin: Origin | None) -> None:
+    async def _send_call(self, call: Call, payload: Parts, origin: Origin | None) -> None:
         """Send a prepared call's CALL frame.
 
         :raises CallNotDelivered: the connection failed before the frame was written.
@@ -667,7 +648,7 @@ class WorkerConnection(SingleUse):
             self._origin_delivered = origin[0]
 
     async def _open(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                    *, streaming: bool, plain: bool = False) -> _Call:
+                    *, streaming: bool, plain: bool = False) -> Call:
         """Register a call and send its CALL frame; a streaming call also waits for the
         worker's answer to it (a coroutine's caller reads it with the result, see
         :meth:`call`)."""
@@ -718,373 +699,16 @@ class WorkerConnection(SingleUse):
 
     async def stream(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> _Call:
+    ) -> Call:
         """Start the async generator function ``fn(*args, **kwargs)`` on the worker.
 
-        :returns: the accepted call; drive it with :func:`drive_stream`.
+        :returns: the accepted call; drive it with
+            :func:`~anywool.runtime.client._call.drive_stream`.
         :raises CallNotDelivered: as for :meth:`call`.
         """
         return await self._open(fn, args, kwargs, streaming=True)
 
 
-class _Call:
-    """The client's half of one call: its frames and the steps that drive it.
-
-    The reader task hands it its frames (:meth:`deliver`); a coroutine's call takes its ACK
-    silently (``quiet_ack``: only :attr:`accepted` records it), so that its caller wakes once,
-    for the result.
-    """
-
-    __slots__ = ("connection", "id", "name", "finished", "accepted", "quiet_ack", "waiting",
-                 "running", "withdrawn", "sent_at", "relay", "telemetry", "_frames", "_arrived",
-                 "_lost")
-
-    def __init__(self, connection: WorkerConnection, call_id: int, name: str, *,
-                 quiet_ack: bool = False) -> None:
-        self.connection = connection
-        self.id = call_id
-        self.name = name
-        self.finished = False
-        self.accepted = False
-        self.quiet_ack = quiet_ack
-        # Counted among the connection's calls waiting to start (see WorkerConnection.busy),
-        # since this time.perf_counter().
-        self.waiting = False
-        self.running = False  # counted in the connection's outstanding calls
-        self.withdrawn = False  # given up unstarted, and followed (see watch_withdrawn)
-        self.sent_at = 0.0
-        # On a worker: the output sink of the call this one is made from, which its output goes
-        # to (runtime._output).
-        self.relay: _output.Sink | None = None
-        # Its client call (see runtime._telemetry), when traced: its steps carry its span.
-        self.telemetry: _telemetry.ClientCall | None = None
-        self._frames: deque[Frame] = deque()
-        self._arrived: Wakeup | None = None
-        self._lost = False
-
-    def deliver(self, frame: Frame) -> None:
-        self._frames.append(frame)
-        if self._arrived is not None:
-            self._arrived.set()
-            self._arrived = None
-
-    def lose(self) -> None:
-        """The connection is gone: once its frames are read, the call fails."""
-        self._lost = True
-        if self._arrived is not None:
-            self._arrived.set()
-            self._arrived = None
-
-    def pushback(self, frame: Frame) -> None:
-        self._frames.appendleft(frame)
-
-    async def _wait_frame(self) -> Frame:
-        """The next frame (not cancellation-aware: see :meth:`next_frame`).
-
-        :raises _Lost: the connection was lost.
-        """
-        frames = self._frames
-        while not frames:
-            if self._lost:
-                raise _Lost
-            arrived = self._arrived = self.connection._wakeup()
-            await arrived.wait()
-        return frames.popleft()
-
-    async def next_frame(self) -> Frame:
-        """The next frame of this call.
-
-        :raises WorkerError: the connection was lost.
-        Cancellation: cancels the routine on the worker (see :meth:`abort`), then re-raises.
-        """
-        try:
-            return await self._wait_frame()
-        except _Lost:
-            raise self._lost_error() from None
-        except anyio.get_cancelled_exc_class():
-            await self.abort()
-            raise
-
-    def _lost_error(self) -> WorkerError:
-        self.finished = True
-        return WorkerError(self.connection.address,
-                           f"lost while running {self.name}: "
-                           f"{self.connection._failure or 'closed'}")
-
-    async def first_frame(self) -> Frame:
-        """The worker's answer to the CALL: ``ACK`` (unless ``quiet_ack``), the result, or a
-        refusal; a refusal, or a connection lost before the worker accepted the call, raises
-        :class:`CallNotDelivered` (the routine never started). Otherwise as
-        :meth:`next_frame`."""
-        # next_frame and _wait_frame inlined: every call waits here once.
-        frames = self._frames
-        try:
-            while not frames:
-                if self._lost:
-                    raise _Lost
-                arrived = self._arrived = self.connection._wakeup()
-                await arrived.wait()
-        except _Lost:
-            lost = self._lost_error()
-            if self.accepted:
-                raise lost from None
-            # No ACK: the worker writes it before running anything, and a stream delivers
-            # what was written before it closed, so the routine never started.
-            raise CallNotDelivered(self.connection.address,
-                                   f"closed before accepting: {lost.reason}") from None
-        except anyio.get_cancelled_exc_class():
-            await self.abort()
-            raise
-        frame = frames.popleft()
-        if frame.kind == Kind.NACK:
-            self.finished = True
-            if frame.payload == envelope.BUSY:
-                raise WorkerBusy(self.connection.address, "the worker refused the call: it runs "
-                                                          "its max_concurrency calls already")
-            raise CallNotDelivered(self.connection.address,
-                                   "the worker refused the call (it is stopping)")
-        return frame
-
-    def value(self, frame: Frame) -> Any:
-        """The value a RESULT frame carries; what the routine changed in its context variables
-        is set in the current context (the caller's, as with a local ``await``)."""
-        data, changes = envelope.decode_reply(frame.payload)
-        self._update(changes)
-        return serializer.loads_value(data, self.name, "the value it produced",
-                                      f" from worker {self.connection.address}")
-
-    def end(self, frame: Frame) -> None:
-        """Take an END frame: set the context variables it carries."""
-        self._update(envelope.decode_end(frame.payload))
-
-    def _update(self, changes: Pickled | None) -> None:
-        if changes is not None:
-            _context.update(serializer.loads_value(
-                changes, self.name, "the values of the context variables it set",
-                f" from worker {self.connection.address}"))
-
-    def remote_exception(self, frame: Frame) -> BaseException:
-        if frame.kind == Kind.EXCEPTION:
-            try:
-                data, changes = envelope.decode_reply(frame.payload)
-                self._update(changes)
-            except (FrameError, SerializationError) as exc:
-                return exc
-            return _exceptions.loads_exception(data.stream())
-        if frame.kind == Kind.NACK:
-            return CallNotDelivered(self.connection.address, "the worker refused the call")
-        return WorkerError(self.connection.address, f"unexpected {frame.kind.name} frame")
-
-    async def send(self, kind: Kind, payload: Parts | None = None) -> None:
-        frames = self.connection._frames
-        assert frames is not None
-        try:
-            if payload is None:
-                await frames.send(Frame(kind, self.id))
-            else:
-                await frames.send_parts(kind, self.id, payload)
-        except PEER_GONE as exc:
-            self.finished = True
-            reason = f"connection failed: {exc!r}"
-            await self.connection._broken_by_send(reason)
-            raise WorkerError(self.connection.address, reason) from exc
-
-    async def abort(self) -> None:
-        """Cancel the routine on the worker and wait until it has unwound (shielded, bounded).
-
-        A call the worker has not started is withdrawn at once: the cancel frame follows it,
-        and the worker, which looks for one before it starts a call, skips it. Should the
-        worker have started it just then (its ACK was on its way), the connection goes on
-        watching it: a worker that then does not take the cancellation within
-        ``cancel_grace`` is reported (``on_unresponsive``) as for a started call. A started
-        call waits up to ``cancel_grace`` seconds for the worker to take the cancellation, then
-        up to ``cancel_timeout`` for the routine to unwind; a worker that did not take it in
-        time is reported and the call given up.
-        """
-        if self.finished:
-            return
-        self.finished = True
-        connection = self.connection
-        if connection.broken:
-            return  # the worker cancelled the routine when the connection went
-        with anyio.CancelScope(shield=True):
-            taken = False
-            # Started, as far as this side can tell: its ACK was routed, or has arrived.
-            started = self.accepted
-            hurried: list[bool] = []
-
-            def hurry() -> None:
-                hurried.append(True)
-                grace.cancel()
-
-            try:
-                with anyio.move_on_after(connection._cancel_grace) as grace, \
-                        _ctrl_c.hurried(hurry):
-                    try:
-                        await self.send(Kind.CANCEL)
-                        started = started or self.accepted or connection._frames_pending(
-                            Kind.ACK, self.id)
-                        if not started:
-                            connection._withdraw(self)
-                            return
-                        while True:
-                            kind = (await self._wait_frame()).kind
-                            if kind in _TERMINAL:
-                                return
-                            if kind == Kind.CANCELLING:
-                                taken = True
-                                break
-                    except (WorkerError, _Lost):
-                        return
-            except BaseException:
-                # A KeyboardInterrupt (under trio, a second Ctrl-C lands here): whoever sent it
-                # will not wait, so neither does the worker's fate.
-                if (started or self.accepted) and not taken:
-                    connection._unresponsive(self, "the wait for it was interrupted")
-                raise
-            if not taken:
-                if started or self.accepted:
-                    connection._unresponsive(
-                        self, "a Ctrl-C cut the wait for it short" if hurried else
-                        f"it did not take it within {connection._cancel_grace} s")
-                return
-            with anyio.move_on_after(connection._cancel_timeout) as unwinding, \
-                    _ctrl_c.hurried(unwinding.cancel):
-                try:
-                    while (await self._wait_frame()).kind not in _TERMINAL:
-                        pass
-                except (WorkerError, _Lost):
-                    pass
-
-    async def release(self) -> None:
-        """End this call on the client: cancel it remotely if unfinished, drop its stream."""
-        try:
-            if not self.finished:
-                await self.abort()
-        finally:
-            self.connection._forget(self.id)
-
-    async def watch_withdrawn(self) -> None:
-        """Follow a call withdrawn before the worker started it (see :meth:`abort`) until the
-        worker says what became of it: skipped, or, should it have started it after all, taken
-        the cancellation (or not within ``cancel_grace``: reported as unresponsive)."""
-        connection = self.connection
-        try:
-            while True:
-                frame = await self._wait_frame()
-                if frame.kind in _TERMINAL:
-                    return
-                if frame.kind == Kind.ACK:
-                    with anyio.move_on_after(connection._cancel_grace):
-                        while (await self._wait_frame()).kind not in _TAKEN:
-                            pass
-                        return
-                    connection._unresponsive(
-                        self, f"it started the call as it was withdrawn, and did not take its "
-                              f"cancellation within {connection._cancel_grace} s")
-                    return
-        except _Lost:
-            pass  # the worker and its calls went with the connection
-        finally:
-            connection._bury(self)
-
-    async def step(self, kind: Kind, value: Pickled = envelope.NOTHING) -> tuple[bool, Any]:
-        """Drive a streaming call by one step, carrying the caller's deadline and context
-        variables; what the step changed in them is set in the caller's context.
-
-        :param value: the pickled value sent (``ASEND``) or exception thrown (``ATHROW``).
-        :returns: ``(False, item)`` for a yielded item, ``(True, None)`` when the remote
-            generator is exhausted or closed.
-        :raises Exception: what the remote generator raised (a worker that stopped while the
-            generator was suspended answers :class:`~anywool.errors.RoutineCancelled`).
-        :raises WorkerError: the connection was lost, with nothing from the worker before.
-        """
-        trace = None if self.telemetry is None else self.telemetry.carry_step()
-        payload = envelope.encode_step(Step(value, _seconds_left(), _dump_context(self.name),
-                                            trace))
-        limit = payload_limit(self.connection._max_frame_size)
-        if payload.nbytes > limit:
-            raise PayloadTooLarge(f"a step of {self.name} (the value sent, or the context "
-                                  "variables)", payload.nbytes, limit)
-        try:
-            await self.send(kind, payload)
-        except WorkerError:
-            # The connection is failed now (see send): what the worker wrote before it went,
-            # a stopping worker's RoutineCancelled say, is this step's answer, if anything is.
-            pass
-        frame = await self.next_frame()
-        if frame.kind == Kind.RESULT:
-            return False, self.value(frame)
-        self.finished = True
-        if frame.kind == Kind.END:
-            self.end(frame)
-            return True, None
-        await self.raise_remote(frame)
-
-    async def raise_remote(self, frame: Frame) -> NoReturn:
-        """Raise what the worker's EXCEPTION frame says; a routine cancelled at the caller's
-        own deadline first lets that deadline cancel the caller, as a local await would."""
-        error = self.remote_exception(frame)
-        if isinstance(error, RoutineCancelled):
-            await _own_deadline()
-        raise error
-
-
-async def drive_stream(
-    open_call: Callable[[], Awaitable[_Call]], busy: AbstractContextManager[object] = nullcontext()
-) -> AsyncGenerator[Any, Any]:
-    """An async generator mirroring a remote generator one step per frame.
-
-    ``open_call`` starts the remote call (e.g. :meth:`WorkerConnection.stream` through a load
-    balancer); it is awaited at the first step, so nothing is dispatched until then.
-
-    ``asend(v)`` sends ``v`` to the remote generator; ``athrow(exc)`` throws ``exc`` into it;
-    ``aclose()`` closes it (its ``finally`` blocks run on the worker before ``aclose`` returns).
-    Yields happen outside any cancel scope: the frames come from the connection's reader, queued
-    for this call. ``busy`` is entered around every step that awaits
-    the worker (not while the generator is suspended at a yield), so an owner can drain them.
-    A traced call's span (see :mod:`._telemetry`) ends with the stream, failed by what it
-    raised.
-    """
-    with busy:
-        call = await open_call()
-    ended_by: BaseException | None = None
-    try:
-        kind, payload = Kind.ASEND, _NONE
-        while True:
-            with busy:
-                done, item = await call.step(kind, payload)
-            if done:
-                return
-            try:
-                sent = yield item
-            except GeneratorExit:
-                if not call.finished and not call.connection.broken:
-                    # END when the remote generator closed; its RuntimeError if it yielded again.
-                    # A connection lost meanwhile took the remote generator with it: nothing
-                    # is left to close.
-                    with busy:
-                        try:
-                            await call.step(Kind.ACLOSE)
-                        except WorkerError:
-                            call.finished = True
-                raise
-            except BaseException as exc:  # athrow(): forward it into the remote generator
-                kind, payload = Kind.ATHROW, Pickled([_exceptions.dumps_exception(exc)])
-            else:
-                kind, payload = Kind.ASEND, (
-                    _NONE if sent is None
-                    else serializer.dumps_value(sent, call.name, "the value sent to it"))
-    except BaseException as exc:
-        ended_by = exc
-        raise
-    finally:
-        if call.telemetry is not None:
-            call.telemetry.finish(ended_by)
-        await call.release()
-
-
-_NONE = serializer.dump(None)
 # What relays a nested call's output (its receive() needs no emitter).
 _RELAY = _output.Output()
 
@@ -1102,34 +726,6 @@ class _StatsWaiter:
         if not self.done.is_set():
             self.payload = payload
             self.done.set()
-
-
-class _Lost(Exception):
-    """A call's connection was lost (internal to :class:`_Call`)."""
-
-
-def _seconds_left() -> float | None:
-    """The seconds left of the current task's effective deadline (``None``: it has none)."""
-    deadline = anyio.current_effective_deadline()
-    if deadline == math.inf:
-        return None
-    return max(0.0, deadline - anyio.current_time())
-
-
-async def _own_deadline() -> None:
-    """The routine was cancelled on the worker: if the caller's own deadline (which the call
-    carried, and the worker enforces too) is due, let it cancel the caller as it would a local
-    await, rather than raise :class:`RoutineCancelled`. The worker may act on it first: its
-    clock started later, but its timer, reply and our wake-up race with ours."""
-    deadline = anyio.current_effective_deadline()
-    if deadline - anyio.current_time() <= _DEADLINE_SLACK:
-        await anyio.sleep_until(deadline)
-        await anyio.lowlevel.checkpoint()
-
-
-def _dump_context(routine: str) -> Pickled | None:
-    values = _context.capture()
-    return None if values is None else serializer.dumps_context(values, routine)
 
 
 def _running_task_id() -> int | None:

@@ -12,7 +12,8 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 from anywool.errors import NoWorkersAvailable
 from anywool.metadata import WorkerMetadata
-from anywool.runtime.client._connection import CallNotDelivered, WorkerConnection
+from anywool.runtime.client._call import CallNotDelivered
+from anywool.runtime.client._connection import WorkerConnection
 
 T = TypeVar("T")
 

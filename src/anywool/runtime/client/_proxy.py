@@ -37,23 +37,17 @@ from anywool.metadata import WorkerMetadata
 from anywool._tls import MutualTLS
 from anywool.runtime.wire import _auth
 from anywool.runtime import _output, _telemetry
-from anywool.runtime.client import _wakeup
 from anywool.runtime.wire import _serializer as serializer
-from anywool.runtime.client._connection import (
-    CallNotDelivered,
-    WorkerBusy,
-    WorkerConnection,
-    _Call,
-    drive_stream,
-)
+from anywool.runtime.client._call import Call, CallNotDelivered, WorkerBusy, drive_stream
+from anywool.runtime.client._connection import WorkerConnection
 from anywool.runtime.wire._envelope import Origin
 from anywool.runtime.client._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
 from anywool.runtime._output import OutputLine
 from anywool.runtime.client._resolve import is_context_manager
+from anywool.runtime.client._room import RoomQueue
 from anywool.runtime._routine import reset_active, set_active
 from anywool.runtime.wire._stats import WorkerStats
 from anywool.runtime.wire._frames import FrameError
-from anywool.runtime.client._wakeup import Wakeup
 
 # Named as before the runtime was split by side: users configure logging by this name.
 log = logging.getLogger("anywool.runtime._proxy")
@@ -372,19 +366,8 @@ class WorkerProxy(SingleUse):
         self._failure: BaseException | None = None
         self._changed = anyio.Event()
         self._in_flight = _InFlight()
-        # Calls that every worker refused as busy, in the order they began to wait; the rooms
-        # that found no waiter, for calls being refused meanwhile; a count of the changes of
-        # workers (see _deliver).
-        self._room_waiters: dict[Wakeup, None] = {}
-        self._room_front: dict[Wakeup, None] = {}  # woken, found no room: served first
-        self._wakeup: Callable[[], Wakeup] | None = None  # native to the backend, on first use
-        self._spare_rooms = 0
-        self._rooms_freed = 0  # every room announced, counted: see _deliver
-        # Waiters woken that have not run yet: the room they were woken for is theirs, so a new
-        # call queues behind them rather than take it (else each woken waiter would mostly
-        # find its room gone and wait again).
-        self._promised = 0
-        self._generation = 0
+        # Calls that no worker can take now, waiting for room (see _deliver).
+        self._room_queue = RoomQueue()
         # What calls carry so that their routines can call routines (see runtime._nested):
         # this proxy's pickle and a digest of it, its key, made once (again when the pool's own
         # workers change). Proxies that pickle alike share one proxy on each worker.
@@ -470,12 +453,7 @@ class WorkerProxy(SingleUse):
         self._ready_list = list(self._ready.values())
         self._changed.set()
         self._changed = anyio.Event()
-        self._generation += 1
-        front, self._room_front = self._room_front, {}
-        waiters, self._room_waiters = self._room_waiters, {}
-        self._promised += len(front) + len(waiters)
-        for room in (*front, *waiters):
-            room.set()
+        self._room_queue.workers_changed(self._ready_list)
 
     async def _sentinel(self) -> None:
         try:
@@ -603,10 +581,10 @@ class WorkerProxy(SingleUse):
                     cancel_grace=self._cancel_grace,
                     on_lost=lost,
                     on_unresponsive=lambda uid=uid: self._unresponsive(uid),
-                    on_room=self._on_room,
-                    on_free=self._on_room,
-                    on_accepted=self._on_accepted,
-                    on_sent=self._on_sent,
+                    on_room=self._room_queue.announce,
+                    on_free=self._room_queue.announce,
+                    on_accepted=self._room_queue.accepted,
+                    on_sent=self._room_queue.sent,
                     origin=self._origin,
                     credentials=self._credentials,
                     output=self._output,
@@ -819,93 +797,41 @@ class WorkerProxy(SingleUse):
 
         # Calls that found no worker with room wait their turn, first come first served: a new
         # call joins them rather than overtake them; one that was woken and found the room
-        # gone again waits at the front.
+        # gone again waits at the front (see runtime.client._room for who wakes whom).
+        queue = self._room_queue
         front = False
-        if self._room_front or self._room_waiters or self._promised:
-            await self._wait_for_room(front, kick=True)
+        if queue.queued:
+            await queue.wait(front, kick=True)
             front = True
         while True:
-            generation = self._generation  # before trying: new workers, and it tries again
+            generation = queue.generation  # before trying: new workers, and it tries again
             try:
                 workers = await self._workers()
                 refused = False
-                freed = self._rooms_freed
+                announced = queue.announced
                 try:
                     return await self._balancer.dispatch(workers, attempt)
                 except NoWorkersAvailable:
                     # A worker skipped as busy may have had room since (answers arrive while
                     # others are tried): then the call takes, or waits for, that room.
-                    if not (refused or self._rooms_freed != freed
+                    if not (refused or queue.announced != announced
                             or any(connection.busy for _, connection in workers)):
                         raise
             except BaseException:
                 # Woken, and leaving without sending a call: calls that queued behind this
-                # one while it was woken (see _promised) must not wait for a wake-up it owed.
-                if front and not self._promised:
-                    self._on_sent()
+                # one while it was woken (see RoomQueue.promised) must not wait for a wake-up
+                # it owed.
+                if front and not queue.promised:
+                    queue.sent()
                 raise
-            if self._generation != generation:
+            if queue.generation != generation:
                 continue
-            # Room is announced by the connections: a call that started or ended where calls
-            # waited to start, a ROOM frame (a call ended on a worker that refused one of ours).
-            # Each wakes one waiter, the longest waiting; a change of workers wakes them all.
-            # A waiter whose call is sent wakes the next while some worker still has room; one
-            # whose call is accepted wakes the next too, which tries: refused, it makes the
-            # worker owe this connection a ROOM again, so room freed later is never missed. A
-            # ROOM that came while nobody waited goes to one call refused since (not to all of
-            # them: a burst of refusals would all try again at once).
-            if self._spare_rooms:
-                self._spare_rooms -= 1
+            # A room announced while nobody waited goes to one call refused since.
+            if queue.spare:
+                queue.spare -= 1
                 continue
-            await self._wait_for_room(front)
+            await queue.wait(front)
             front = True
-
-    async def _wait_for_room(self, front: bool, *, kick: bool = False) -> None:
-        if self._wakeup is None:
-            self._wakeup = _wakeup.factory()
-        room = self._wakeup()
-        (self._room_front if front else self._room_waiters)[room] = None
-        if kick and not self._promised:
-            # Room there already: whoever is first goes (never a lost wake-up). A waiter woken
-            # already wakes the next itself once its call is sent, if room is left.
-            self._on_sent()
-        try:
-            await room.wait()
-        except BaseException:
-            if room.is_set():
-                self._promised -= 1
-                self._on_room()  # woken, but leaving: the place goes to the next waiter
-            else:
-                self._room_front.pop(room, None)
-                self._room_waiters.pop(room, None)
-            raise
-        self._promised -= 1
-
-    def _on_accepted(self) -> None:
-        if self._room_front or self._room_waiters:
-            self._on_room()
-
-    def _on_sent(self) -> None:
-        if (self._room_front or self._room_waiters) and self._has_room():
-            self._on_room()
-
-    def _has_room(self) -> bool:
-        for _, connection in self._ready_list:
-            if not connection.busy and not connection.broken:
-                return True
-        return False
-
-    def _on_room(self) -> None:
-        self._rooms_freed += 1
-        for waiters in (self._room_front, self._room_waiters):
-            room = next(iter(waiters), None)
-            if room is not None:
-                del waiters[room]
-                self._promised += 1
-                room.set()
-                return
-        # At most one per worker: more would only send calls to be refused again.
-        self._spare_rooms = min(self._spare_rooms + 1, len(self._ready_list))
 
     async def dispatch(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                        *, plain: bool = False) -> Any:
@@ -938,7 +864,7 @@ class WorkerProxy(SingleUse):
             # The built-in balancer's choice, made here, saves every call the layers of the
             # general path; a call nobody has room for, or that is refused, takes that path.
             if self._picks and self._quorum_met and self._active and self._failure is None \
-                    and not (self._room_front or self._room_waiters or self._promised):
+                    and not self._room_queue.queued:
                 connection = self._balancer.pick(self._ready_list)  # type: ignore[attr-defined]
                 if connection is not None:
                     try:
@@ -956,7 +882,7 @@ class WorkerProxy(SingleUse):
         as :meth:`dispatch` does.
         """
 
-        async def open_call() -> _Call:
+        async def open_call() -> Call:
             telemetry = _telemetry.current()
             if telemetry is None:
                 return await self._deliver(lambda c: c.stream(fn, args, kwargs))

@@ -82,7 +82,7 @@ import msgpack
 
 from anywool.runtime.wire._serializer import Buffer, Pickled
 from anywool.runtime.wire._stats import WorkerStats
-from anywool.runtime.wire._frames import _U64, FrameError, Parts
+from anywool.runtime.wire._frames import CALL_ID_LIMIT, FrameError, Parts
 
 #: ``(key, pickled proxy)``: the pool a call tree started from (see :mod:`._nested`).
 Origin = tuple[bytes, bytes]
@@ -266,7 +266,7 @@ def decode_call(payload: Buffer, origins: Origins | None = None) -> CallRequest:
     if not isinstance(name, str):
         raise FrameError("a call's routine name must be a str")
     if caller is not None and (isinstance(caller, bool) or not isinstance(caller, int)
-                               or not 0 <= caller < _U64):
+                               or not 0 <= caller < CALL_ID_LIMIT):
         raise FrameError(f"a caller's call id must be an unsigned 64-bit int, got {caller!r}")
     key = _optional_bytes(key, "an origin key")
     blob = _optional_bytes(blob, "an origin")

@@ -72,7 +72,7 @@ DEFAULT_MAX_FRAME_SIZE = 64 * 1024 * 1024  # bytes
 _LENGTH = struct.Struct(">I")
 _KIND_AND_ID = struct.Struct(">BQ")
 _HEADER = struct.Struct(">IBQ")
-_U64 = 1 << 64
+CALL_ID_LIMIT = 1 << 64  # call ids, a caller's too, are unsigned 64-bit ints: below this
 
 
 class Kind(enum.IntEnum):
@@ -190,7 +190,7 @@ def _header(kind: Kind, call_id: int, size: int, max_frame_size: int) -> bytes:
             f"a {kind.name} frame of {length} bytes exceeds the maximum of "
             f"{max_frame_size} bytes"
         )
-    if not 0 <= call_id < _U64:
+    if not 0 <= call_id < CALL_ID_LIMIT:
         raise FrameError(f"a call id must be an unsigned 64-bit int, got {call_id!r}")
     return _HEADER.pack(length, kind, call_id)
 
