@@ -112,7 +112,7 @@ async def _replacement(warm: bool) -> dict[str, Any]:
         samples = []
         for _ in range(REPLACEMENTS):
             worker = LocalWorker()
-            worker._template = pool._template if warm else None
+            worker.fork_from(pool._template if warm else None)
             began = time.perf_counter()
             async with worker:
                 samples.append(time.perf_counter() - began)

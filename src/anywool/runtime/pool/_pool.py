@@ -579,11 +579,11 @@ class WorkerPool(SingleUse):
             forward_output=self._forward_output,
             on_output=self._on_output,
         )
-        self._proxy._set_own(self._own)
-        self._proxy._end_worker = self._end_stuck
-        self._proxy._spawns = bool(count and owned is not None)
+        self._proxy.set_own_workers(self._own)
+        self._proxy.serve_pool(spawns=bool(count and owned is not None),
+                               end_worker=self._end_stuck)
         if self._given_up is not None:
-            self._proxy._given_up = self._given_up
+            self._proxy.slots_given_up(self._given_up)
         await stack.enter_async_context(self._proxy)
         stack.push_async_callback(self._begin_exit)
 
@@ -685,7 +685,7 @@ class WorkerPool(SingleUse):
                                  extra={POOL_EXTRA: self._pool_id})
             if started or replacing:
                 self._want_template(backend)
-            worker._template = self._template
+            worker.fork_from(self._template)
             born = anyio.current_time()  # again once it is up
             try:
                 # The pool's exit (or a Ctrl-C) cancels a start under way: a worker's start
@@ -791,7 +791,7 @@ class WorkerPool(SingleUse):
 
     def _own_changed(self) -> None:
         if self._proxy is not None:
-            self._proxy._set_own(self._own)
+            self._proxy.set_own_workers(self._own)
 
     async def _retire(self, worker: LocalWorker, reason: str, backend: str,
                       tags: frozenset[str], *, recycling: bool, replace: bool = True) -> bool:
@@ -854,7 +854,7 @@ class WorkerPool(SingleUse):
         ``worker``, so that its calls have somewhere to go before the worker it replaces stops
         taking them."""
         if self._proxy is not None:
-            await self._proxy._until_connected(worker.metadata.uid, self._startup_timeout)
+            await self._proxy.until_connected(worker.metadata.uid, self._startup_timeout)
 
     async def _start_replacement(self, backend: str, tags: frozenset[str], *, give_up: bool
                                  ) -> tuple[LocalWorker | None, BaseException | str]:
@@ -892,7 +892,7 @@ class WorkerPool(SingleUse):
             self._given_up = (f"every worker slot of this pool was given up after {failures} "
                               f"failed starts in a row (the last: {reason})")
             if self._proxy is not None:
-                self._proxy._given_up = self._given_up
+                self._proxy.slots_given_up(self._given_up)
 
     async def _until_exit_or_stop(self, worker: LocalWorker, asked: anyio.Event
                                   ) -> tuple[int | None, str | None]:
