@@ -292,10 +292,6 @@ class WorkerPool(SingleUse):
                 raise ValueError("worker_lifespan is for the workers a pool spawns, but this "
                                  "pool spawns none (pass spawn=N)")
         self._forward_output = forward_output
-        # The root level of the workers this pool spawns: what this process's logging lets
-        # through when each starts (None: they keep theirs). An `anywool worker` host serves
-        # other processes' calls: it sets NOTSET (every record; their callers' levels decide).
-        self._output_level: int | None = None
         self._on_output = on_output
         self._spawn = None if spawn is None else _validate.count("spawn", spawn, upper=MAX_SPAWN)
         if host is not None and spawn is None and discovery is not None:
@@ -363,8 +359,6 @@ class WorkerPool(SingleUse):
         self._recycle_wanted = anyio.Event()
         self._requests: anyio.CancelScope | None = None  # around them, once the pool runs
         self._requests_ended = False
-        #: Run for each recycle request (the `anywool worker` command says what it does).
-        self._on_recycle_request: Callable[[], Any] = self._recycle_requested
         # Idleness (idle_timeout): how many workers the pool runs when none is idle (its
         # spawn), whether a start to grow back is under way, the workers asked to report
         # their next call, and where the spawned workers' supervisors start.
@@ -418,14 +412,31 @@ class WorkerPool(SingleUse):
         """The workers this pool spawned and that are running now (empty when it spawns none)."""
         return list(self._workers)
 
-    def _spawned_output_level(self) -> int | None:
-        if not self._forward_output:
-            return None
-        return _output.lowest_level() if self._output_level is None else self._output_level
+    # -- what subclasses may change (the `anywool worker` command's pool, anywool.testing's) ----
+
+    #: The root level of the workers this pool spawns (``None``: what this process's logging
+    #: lets through when each starts). A pool whose workers serve other processes' calls (the
+    #: ``anywool worker`` command's) sets ``logging.NOTSET``: every record, their callers'
+    #: levels decide.
+    _output_level: int | None = None
 
     def _adopted(self, worker: LocalWorker) -> None:
         """Called with each worker the pool starts, its first ones and every replacement, once
         its process is up (for subclasses that keep a record, as ``anywool.testing``'s does)."""
+
+    async def _recycle_requested(self) -> None:
+        """Run for each recycle request a worker passes on (``anywool recycle NS``), one at a
+        time: :meth:`recycle`, a failure logged (a subclass may say what it does, as the
+        ``anywool worker`` command does)."""
+        try:
+            await self.recycle()
+        except (WorkerError, RuntimeError) as exc:  # RuntimeError: the pool is not entered yet
+            log.error("a requested recycle of %r failed: %s", self, exc)
+
+    def _spawned_output_level(self) -> int | None:
+        if not self._forward_output:
+            return None
+        return _output.lowest_level() if self._output_level is None else self._output_level
 
     @property
     def discovery(self) -> Any:
@@ -1009,18 +1020,12 @@ class WorkerPool(SingleUse):
             while True:
                 await self._recycle_wanted.wait()
                 self._recycle_wanted = anyio.Event()
-                await self._on_recycle_request()
+                await self._recycle_requested()
 
     def _end_recycle_requests(self) -> None:
         self._requests_ended = True
         if self._requests is not None:
             self._requests.cancel()
-
-    async def _recycle_requested(self) -> None:
-        try:
-            await self.recycle()
-        except (WorkerError, RuntimeError) as exc:  # RuntimeError: the pool is not entered yet
-            log.error("a requested recycle of %r failed: %s", self, exc)
 
     async def _announce(self, worker: LocalWorker, kind: str) -> None:
         """Publish one worker's change, once the initial announcement has been made."""
