@@ -47,6 +47,8 @@ _RESTART_BACKOFF = 0.1
 
 
 class Ended(enum.Enum):
+    """How a running worker's life ended, when not by its process's exit or the pool's stop."""
+
     #: A worker left its slot for good: retired and stopped (replaced by a worker of another
     #: slot, or not replaced: idleness closed its slot).
     RETIRED = "retired"
