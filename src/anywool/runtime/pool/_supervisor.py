@@ -204,9 +204,10 @@ class Supervisor:
         self._own: set[UUID] = set()
         self._stopping = anyio.Event()
         self._exiting = False
-        # Worker slots that have not been given up (nor closed by idleness), and the spawn.
+        # Worker slots that have not been given up (nor closed by idleness).
         self._slots = 0
-        self._size = 0
+        #: The pool's spawn: the slots it runs when none was closed or given up (set by start).
+        self.size = 0
         self._ended: set[UUID] = set()  # workers this pool killed itself (see end_stuck)
         self._starting: set[anyio.CancelScope] = set()  # around each worker start under way
         self._given_up: str | None = None  # why every slot was, once they all were
@@ -222,21 +223,6 @@ class Supervisor:
     def template(self) -> Template | None:
         """The warm template, while it runs (see :class:`TemplateKeeper`)."""
         return self._templates.template
-
-    @property
-    def slots(self) -> int:
-        """Worker slots neither given up nor closed by idleness."""
-        return self._slots
-
-    @property
-    def size(self) -> int:
-        """The pool's spawn: the slots it runs when none was closed or given up."""
-        return self._size
-
-    @property
-    def exiting(self) -> bool:
-        """Whether the pool's exit began (:meth:`begin_exit`)."""
-        return self._exiting
 
     @property
     def closing(self) -> bool:
@@ -257,6 +243,11 @@ class Supervisor:
         """The spawned workers up and not withdrawn (a slot whose worker is being restarted
         after a crash has none)."""
         return [worker for worker in self._workers if worker.metadata.uid in self._own]
+
+    @property
+    def slots(self) -> int:
+        """Worker slots neither given up nor closed by idleness (at most :attr:`size`)."""
+        return self._slots
 
     # -- entry and exit ------------------------------------------------------------------------
 
@@ -295,7 +286,7 @@ class Supervisor:
                 failures.append(exc)
                 starters.cancel_scope.cancel()
 
-        self._slots = self._size = count
+        self._slots = self.size = count
         self._spawned_with = (backend, tags)
         supervisors.start_soon(lifecycle.serve_requests)
         async with anyio.create_task_group() as starters:
