@@ -49,7 +49,7 @@ REPLACEMENTS = 10
 
 def _no_template() -> None:
     """Turn the warm template off: every worker starts as a process of its own."""
-    from anywool.runtime.pool import _pool, _template
+    from anywool.runtime.pool import _supervisor, _template
 
     class Off:
         def __init__(self, *args: object) -> None:
@@ -61,7 +61,7 @@ def _no_template() -> None:
         async def __aexit__(self, *args: object) -> None:
             pass
 
-    _pool.Template = Off  # type: ignore[assignment,misc]
+    _supervisor.Template = Off  # type: ignore[assignment,misc]
 
 
 async def _start(peer: str, workers: int) -> float:
@@ -105,14 +105,14 @@ async def _replacement(warm: bool) -> dict[str, Any]:
 
     async with anywool.WorkerPool(spawn=2) as pool:
         if warm:
-            pool._want_template(pool._backend or anywool.runtime.pool._local_worker.current_backend())
+            await pool.recycle()  # the first worker started again warms the template
             with anyio.fail_after(30):
-                while pool._template is None:
+                while pool._supervisor.template is None:
                     await anyio.sleep(0.01)
         samples = []
         for _ in range(REPLACEMENTS):
             worker = LocalWorker()
-            worker._template = pool._template if warm else None
+            worker.fork_from(pool._supervisor.template if warm else None)
             began = time.perf_counter()
             async with worker:
                 samples.append(time.perf_counter() - began)
@@ -130,7 +130,7 @@ async def _recycle(warm: bool) -> dict[str, Any]:
         if warm:
             await pool.recycle()  # the first worker started again warms the template
             with anyio.fail_after(30):
-                while pool._template is None:
+                while pool._supervisor.template is None:
                     await anyio.sleep(0.01)
         done = anyio.Event()
 

@@ -374,12 +374,11 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="dead-worker-not-withdrawn",
-        path="src/anywool/runtime/pool/_pool.py",
+        path="src/anywool/runtime/pool/_supervisor.py",
         old="""                                            "replacing it", worker.pid, code)
-                            await self._announce(worker, "worker-dropped")
-                            self._own.discard""",
+                            await self.withdraw(worker)""",
         new="""                                            "replacing it", worker.pid, code)
-                            self._own.discard""",
+                            self._disown(worker)""",
         tests=("tests/integration/test_faults.py::test_kill_worker_makes_the_pool_withdraw_and_replace_the_worker",
                "tests/integration/test_pool_modes.py::test_a_spawned_worker_that_dies_is_withdrawn_and_replaced"),
         why="README: a spawned worker that dies is withdrawn from discovery at once and replaced",

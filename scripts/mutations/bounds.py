@@ -37,9 +37,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-pool-publisher-exit-own-budget",
-        path="src/anywool/runtime/pool/_pool.py",
-        old='name="discovery.publisher"), self._announce_budget))',
-        new='name="discovery.publisher"), Budget(self._announce_timeout)))',
+        path="src/anywool/runtime/pool/_publishing.py",
+        old='name="discovery.publisher"), self._budget))',
+        new='name="discovery.publisher"), Budget(self._timeout)))',
         tests=(f"{BOUNDS}::test_a_wedged_registry_costs_a_pool_exit_its_default_announce_timeout_of_5_s",),
         why="README: the publisher's exit shares announce_timeout with the announcement",
     ),
@@ -276,7 +276,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-slot-min-uptime",
-        path="src/anywool/runtime/pool/_pool.py",
+        path="src/anywool/runtime/pool/_supervisor.py",
         old="_MIN_UPTIME = 2.0",
         new="_MIN_UPTIME = 4.0",
         tests=(_default("slot given up: dies within"),),
@@ -284,7 +284,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="bounds-slot-start-failures",
-        path="src/anywool/runtime/pool/_pool.py",
+        path="src/anywool/runtime/pool/_supervisor.py",
         old="_MAX_START_FAILURES = 3",
         new="_MAX_START_FAILURES = 5",
         tests=(_default("slot given up: times in a row"),),

@@ -244,8 +244,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="output-host-keeps-its-own-level",
         path="src/anywool/cli/_worker_command.py",
-        old="    pool._output_level = logging.NOTSET",
-        new="    pass",
+        old="    _output_level = logging.NOTSET",
+        new="    _output_level = None",
         tests=(HOST,),
         why="README: an anywool worker host passes every level",
     ),

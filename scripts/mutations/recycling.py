@@ -5,7 +5,8 @@ from mutate import Mutation
 
 _SERVER = "src/anywool/runtime/worker/_server.py"
 _WORKER = "src/anywool/runtime/worker/_main.py"
-_POOL = "src/anywool/runtime/pool/_pool.py"
+_RECYCLING = "src/anywool/runtime/pool/_recycling.py"
+_SUPERVISOR = "src/anywool/runtime/pool/_supervisor.py"
 _TESTS = "tests/integration/test_recycling.py"
 
 MUTATIONS: list[Mutation] = [
@@ -29,13 +30,13 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="recycling-stopped-before-its-replacement",
-        path=_POOL,
-        old="""                replacement, failure = await self._start_replacement(backend, tags,
-                                                                     give_up=not recycling)""",
-        new="""                await self._announce(worker, "worker-dropped")
-                await worker.stop(self._shutdown_timeout)
-                replacement, failure = await self._start_replacement(backend, tags,
-                                                                     give_up=not recycling)""",
+        path=_RECYCLING,
+        old="""                replacement, failure = await supervisor.start_replacement(
+                    give_up=not recycling)""",
+        new="""                await supervisor.withdraw(worker)
+                await supervisor.stop(worker)
+                replacement, failure = await supervisor.start_replacement(
+                    give_up=not recycling)""",
         tests=(f"{_TESTS}::test_a_worker_leaking_past_max_memory_is_replaced_while_its_call_runs",),
         why="issue 24: a retiring worker is replaced before it leaves",
     ),
@@ -62,15 +63,15 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="recycling-retiring-drain-bounded-by-shutdown-timeout",
-        path=_POOL,
+        path=_RECYCLING,
         old="""                await worker.drain()""",
-        new="""                await worker.stop(self._shutdown_timeout)""",
+        new="""                await supervisor.stop(worker)""",
         tests=(f"{_TESTS}::test_a_retiring_worker_finishes_a_call_that_outlasts_shutdown_timeout",),
         why="break24: shutdown_timeout bounds the exit's drain, not a retiring worker's calls",
     ),
     Mutation(
         name="recycling-exit-waits-for-a-starting-replacement",
-        path=_POOL,
+        path=_SUPERVISOR,
         old="""            self._stop_starting()  # a replacement starting""",
         new="""            pass  # a replacement starting""",
         tests=(f"{_TESTS}::test_the_pools_exit_does_not_wait_for_a_replacement_that_is_starting",),
@@ -97,17 +98,17 @@ MUTATIONS: list[Mutation] = [
 MUTATIONS += [
     Mutation(
         name="recycle-stops-before-the-replacement-is-connected",
-        path=_POOL,
+        path=_RECYCLING,
         old="""                if replacement is not None:
-                    await self._until_proxy_has(replacement)""",
+                    await supervisor.until_connected(replacement)""",
         new="""                if False:
-                    await self._until_proxy_has(replacement)""",
+                    await supervisor.until_connected(replacement)""",
         tests=(f"{_TESTS}::test_recycle_replaces_every_worker_while_calls_flow",),
         why="issue 24: each replacement ready before the old one stops taking calls",
     ),
     Mutation(
         name="recycle-failure-stops-the-old-worker-anyway",
-        path=_POOL,
+        path=_RECYCLING,
         old="""            if done is not None:
                 done.set()
             return False""",
@@ -118,7 +119,7 @@ MUTATIONS += [
     ),
     Mutation(
         name="recycle-asks-nobody",
-        path=_POOL,
+        path=_RECYCLING,
         old="""                done = self._recycled[uid] = anyio.Event()
                 asked.set()""",
         new="""                done = self._recycled[uid] = anyio.Event()
@@ -168,7 +169,7 @@ _IDLE_TESTS = "tests/integration/test_idle.py"
 MUTATIONS += [
     Mutation(
         name="recycle-request-recycles-nothing",
-        path=_POOL,
+        path=_RECYCLING,
         old="""                        self._recycle_wanted.set()""",
         new="""                        pass""",
         tests=(f"{_RECYCLE_TESTS}::test_recycle_replaces_every_hosted_worker_while_calls_go_on",),
@@ -209,10 +210,10 @@ MUTATIONS += [
     ),
     Mutation(
         name="idle-retires-below-min-workers",
-        path=_POOL,
-        old="""                        if (self._slots > self._min_workers
+        path=_RECYCLING,
+        old="""                        if (supervisor.slots > self._min_workers
                                 and self._running_besides(worker) >= self._min_workers):""",
-        new="""                        if (self._slots >= self._min_workers
+        new="""                        if (supervisor.slots >= self._min_workers
                                 and self._running_besides(worker) >= self._min_workers - 1):""",
         tests=(f"{_IDLE_TESTS}::test_idle_workers_retire_down_to_min_workers_and_calls_grow_the_pool_back",
                f"{_IDLE_TESTS}::test_min_workers_equal_to_spawn_retires_nothing"),
@@ -220,15 +221,15 @@ MUTATIONS += [
     ),
     Mutation(
         name="idle-retired-worker-replaced",
-        path=_POOL,
-        old="""                                                          replace=retiring != _IDLE):""",
-        new="""                                                          replace=True):""",
+        path=_RECYCLING,
+        old="""                                  replace=retiring != _IDLE):""",
+        new="""                                  replace=True):""",
         tests=(f"{_IDLE_TESTS}::test_idle_workers_retire_down_to_min_workers_and_calls_grow_the_pool_back",),
         why="issue 24: an idle worker is retired, not replaced",
     ),
     Mutation(
         name="idle-pool-never-grows-back",
-        path=_POOL,
+        path=_RECYCLING,
         old="""                        self._armed.discard(worker.metadata.uid)
                         self._grow()""",
         new="""                        self._armed.discard(worker.metadata.uid)""",

@@ -4,7 +4,7 @@ outlives the pool."""
 
 from mutate import Mutation
 
-_POOL = "src/anywool/runtime/pool/_pool.py"
+_SUPERVISOR = "src/anywool/runtime/pool/_supervisor.py"
 _TEMPLATE = "src/anywool/runtime/pool/_template.py"
 _TEMPLATE_PROCESS = "src/anywool/runtime/pool/_template_process.py"
 _TESTS = "tests/integration/test_template.py"
@@ -12,15 +12,15 @@ _TESTS = "tests/integration/test_template.py"
 MUTATIONS: list[Mutation] = [
     Mutation(
         name="template-never-warmed-after-the-start",
-        path=_POOL,
-        old="""        if not self._template_wanted and self._keeper is not None:""",
+        path=_SUPERVISOR,
+        old="""        if not self._wanted and self._task_group is not None:""",
         new="""        if False:""",
         tests=(f"{_TESTS}::test_workers_started_after_the_pool_are_forked_from_its_template",),
         why="issue 24: replacements and recycling fork from the warm template",
     ),
     Mutation(
         name="template-first-only-well-above-the-cpus",
-        path=_POOL,
+        path=_SUPERVISOR,
         old="""        if count > (os.cpu_count() or 1):""",
         new="""        if count > (os.cpu_count() or 1) + 1:""",
         tests=(f"{_TESTS}::test_a_pool_larger_than_the_cpus_forks_all_its_workers",),
@@ -28,7 +28,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="template-first-up-to-the-cpus",
-        path=_POOL,
+        path=_SUPERVISOR,
         old="""        if count > (os.cpu_count() or 1):""",
         new="""        if count >= (os.cpu_count() or 1):""",
         tests=(f"{_TESTS}::test_a_pool_as_large_as_the_cpus_starts_its_workers_itself",),
@@ -65,7 +65,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="template-ended-by-the-pool-cancellation",
-        path=_POOL,
+        path=_SUPERVISOR,
         old="""                    with anyio.CancelScope(shield=True):
                         await self._workers_stopped.wait()""",
         new="""                    with anyio.CancelScope():

@@ -128,7 +128,7 @@ async def test_the_lifespan_exits_after_the_last_call(tmp_path: Path) -> None:
 
                 async def release() -> None:
                     # The call ends only once the pool's exit has begun: the exit drains it.
-                    await wait_until(lambda: pool._exiting, "the pool's exit to begin")
+                    await wait_until(lambda: pool._supervisor.closing, "the pool's exit to begin")
                     async with stream:
                         await stream.send(b"go")
 

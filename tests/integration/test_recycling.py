@@ -18,6 +18,7 @@ import pytest
 
 from anywool import WorkerPool, routine
 from anywool.errors import RoutineCancelled, WorkerError
+from anywool.runtime.pool._publishing import Publishing
 
 from ..helpers import wait_until
 
@@ -124,7 +125,8 @@ async def unless_flagged(flag: str) -> AsyncIterator[None]:
     yield
 
 
-async def test_recycle_replaces_every_worker_while_calls_flow() -> None:
+async def test_recycle_replaces_every_worker_while_calls_flow(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     with anyio.fail_after(60):
         async with WorkerPool(spawn=2) as pool:
             before = {worker.pid for worker in pool.workers}
@@ -136,14 +138,14 @@ async def test_recycle_replaces_every_worker_while_calls_flow() -> None:
             # replacement is connected by then, so its size plus one (sampled there, not
             # between calls, where a short dip could go unseen).
             at_drops: list[int] = []
-            announce = pool._announce
+            announce = Publishing.announce
 
-            async def recording(worker: Any, kind: str) -> None:
+            async def recording(self: Publishing, worker: Any, kind: str) -> None:
                 if kind == "worker-dropped":
                     at_drops.append(len(pool.proxy.workers))
-                await announce(worker, kind)
+                await announce(self, worker, kind)
 
-            pool._announce = recording  # type: ignore[method-assign]
+            monkeypatch.setattr(Publishing, "announce", recording)
 
             async def steady() -> None:
                 while not recycled.is_set():

@@ -45,8 +45,13 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _warm(pool: WorkerPool) -> Template | None:
+    """The pool's warm template while it runs (kept by the pool's supervision)."""
+    return pool._supervisor.template
+
+
 def _template_pid(pool: WorkerPool) -> int:
-    template = pool._template
+    template = _warm(pool)
     assert template is not None and template._process is not None
     return template._process.pid
 
@@ -55,11 +60,11 @@ async def test_workers_started_after_the_pool_are_forked_from_its_template() -> 
     with anyio.fail_after(60):
         async with WorkerPool(spawn=2) as pool:
             # Up to the CPUs, the pool's own start does not wait for a template.
-            assert pool._template is None
+            assert _warm(pool) is None
             assert {w.pid: psutil.Process(w.pid).ppid() for w in pool.workers} == \
                 {w.pid: os.getpid() for w in pool.workers}
             await pool.recycle()  # the first worker started again asks for the template
-            await wait_until(lambda: pool._template is not None, "the template to be warm")
+            await wait_until(lambda: _warm(pool) is not None, "the template to be warm")
             template = _template_pid(pool)
             await pool.recycle()
             assert [psutil.Process(w.pid).ppid() for w in pool.workers] == [template] * 2
@@ -83,7 +88,7 @@ async def test_a_pool_larger_than_the_cpus_forks_all_its_workers() -> None:
 async def test_a_pool_as_large_as_the_cpus_starts_its_workers_itself() -> None:
     with anyio.fail_after(60):
         async with WorkerPool(spawn=CPUS) as pool:
-            assert pool._template is None
+            assert _warm(pool) is None
             assert [psutil.Process(w.pid).ppid() for w in pool.workers] == [os.getpid()] * CPUS
 
 
@@ -93,7 +98,7 @@ async def test_a_dead_template_costs_only_speed() -> None:
             template = _template_pid(pool)
             forked = [w.pid for w in pool.workers]
             os.kill(template, signal.SIGKILL)
-            await wait_until(lambda: pool._template is not None and pool._template.ended,
+            await wait_until(lambda: _warm(pool) is not None and _warm(pool).ended,
                              "the pool to see its template gone")
             # Its workers go on serving; one that dies is seen to (on its pidfd) and replaced
             # by a worker started as a process of its own.
@@ -131,7 +136,7 @@ async def test_a_forked_worker_exit_code_comes_from_the_template() -> None:
         async with Template(current_backend(), 20) as template:
             assert template._process is not None
             worker = LocalWorker()
-            worker._template = template
+            worker.fork_from(template)
             async with worker:
                 assert psutil.Process(worker.pid).ppid() == template._process.pid
                 worker.kill()
@@ -157,7 +162,7 @@ from anywool import LocalDiscovery, WorkerPool
 
 async def main():
     async with WorkerPool(spawn={CPUS + 1}, discovery=LocalDiscovery({namespace!r})) as pool:
-        print(pool._template._process.pid, *[w.pid for w in pool.workers], flush=True)
+        print(pool._supervisor.template._process.pid, *[w.pid for w in pool.workers], flush=True)
         await anyio.sleep_forever()
 
 anyio.run(main, backend={current_backend()!r})
@@ -231,7 +236,7 @@ async def test_a_pool_whose_template_cannot_start_starts_its_workers_itself(
     caplog.set_level("INFO", logger="anywool.runtime._pool")
     with anyio.fail_after(60):
         async with WorkerPool(spawn=CPUS + 1) as pool:
-            assert pool._template is None
+            assert _warm(pool) is None
             assert [psutil.Process(w.pid).ppid() for w in pool.workers] == \
                 [os.getpid()] * (CPUS + 1)
             assert len(await _serve_all(pool)) == CPUS + 1
@@ -277,14 +282,14 @@ async def test_a_template_that_does_not_answer_a_fork_in_time_is_killed() -> Non
             assert template._process is not None
             pid = template._process.pid
             keep = LocalWorker()
-            keep._template = template
+            keep.fork_from(template)
             async with keep:
                 os.kill(pid, signal.SIGSTOP)
                 try:
                     late = [LocalWorker(), LocalWorker()]
                     async with anyio.create_task_group() as tg:
                         for worker in late:
-                            worker._template = template
+                            worker.fork_from(template)
                             tg.start_soon(worker.__aenter__)
                             # The second waits behind the first, whose request is sent.
                             await wait_until(lambda: template._lock.locked(), "a fork request")
@@ -341,7 +346,7 @@ async def test_a_forked_worker_writes_to_the_stderr_its_pool_has_when_it_starts(
     with anyio.fail_after(60):
         async with WorkerPool(spawn=1) as pool:
             await pool.recycle()
-            await wait_until(lambda: pool._template is not None, "the template to be warm")
+            await wait_until(lambda: _warm(pool) is not None, "the template to be warm")
             saved = os.dup(2)
             try:
                 with open(log_file, "wb") as f:

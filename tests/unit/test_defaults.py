@@ -21,7 +21,7 @@ from anywool import LocalDiscovery, WorkerPool, WorkerProxy
 from anywool.discovery import _hub
 from anywool.discovery.local import _claim
 from anywool.runtime.worker import _contract, _gatekeeper, _interrupt, _main, _nested
-from anywool.runtime.pool import _local_worker, _pool
+from anywool.runtime.pool import _local_worker, _pool, _supervisor
 from anywool.testing import _pools, _settle
 from anywool.testing import hold_registry_lock, owner_process
 
@@ -82,8 +82,8 @@ DEFAULTS = [
      "one held in C code by its lifeline 5 s later"),
     ("SIGTERM before SIGKILL", lambda: _local_worker._TERM_TIMEOUT, 3.0,
      "3 s for a worker that ignores its stop to obey SIGTERM before SIGKILL"),
-    ("slot given up: dies within", lambda: _pool._MIN_UPTIME, 2.0, "dies within 2 s of starting"),
-    ("slot given up: times in a row", lambda: _pool._MAX_START_FAILURES, 3, "3 times in a row"),
+    ("slot given up: dies within", lambda: _supervisor._MIN_UPTIME, 2.0, "dies within 2 s of starting"),
+    ("slot given up: times in a row", lambda: _supervisor._MAX_START_FAILURES, 3, "3 times in a row"),
     ("pending handshake deadline", lambda: _gatekeeper.PENDING_HANDSHAKE_TIMEOUT, 2.0,
      "gives each 2 s from its accept to finish"),
     ("pending handshakes at once", lambda: _gatekeeper.MAX_PENDING_HANDSHAKES, 256,

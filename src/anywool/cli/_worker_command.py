@@ -218,7 +218,7 @@ def worker(discovery: str, namespace: str, workers: int, host: str | None,
             where = LocalDiscovery(namespace)
         if lifespan is not None and os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())  # as `python -m` would: the project's modules
-        pool = WorkerPool(spawn=workers, discovery=where, tags=tags, backend=backend, host=host,
+        pool = _HostPool(spawn=workers, discovery=where, tags=tags, backend=backend, host=host,
                           secret=secret, tls=tls, max_concurrency=max_concurrency,
                           shutdown_timeout=drain, worker_lifespan=lifespan,
                           max_calls=max_calls, max_memory=max_memory,
@@ -230,11 +230,6 @@ def worker(discovery: str, namespace: str, workers: int, host: str | None,
         raise click.UsageError(message.replace("spawn (", "--workers (")) from None
     except ImportError as exc:  # an extra not installed (lan, trio): the message names it
         raise click.ClickException(str(exc)) from None
-    # Its workers serve other processes: every record reaches their callers, whose levels
-    # decide (this process's own logging says nothing of theirs).
-    pool._output_level = logging.NOTSET  # pyright: ignore[reportPrivateUsage]
-    # A recycle request passed on by a worker (anywool recycle) says what it does, as SIGHUP.
-    pool._on_recycle_request = partial(_recycle, pool)  # pyright: ignore[reportPrivateUsage]
     # Noted, never ignored, until the event loop's receiver takes over: one that arrives while
     # the command starts must stop it (it is honoured as soon as the receiver opens).
     _noted.clear()
@@ -255,6 +250,19 @@ def worker(discovery: str, namespace: str, workers: int, host: str | None,
         for number in _SIGNALS:
             signal.signal(number, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, previous_hangup)
+
+
+class _HostPool(WorkerPool):
+    """The command's pool, a plain :class:`~anywool.WorkerPool` but for two things: its workers
+    serve other processes, so every record they log reaches their callers, whose levels decide
+    (this process's own logging says nothing of theirs); and a recycle request a worker passes
+    on (``anywool recycle``) says what it does, as SIGHUP."""
+
+    _single_use_name = "WorkerPool"
+    _output_level = logging.NOTSET
+
+    async def _recycle_requested(self) -> None:
+        await _recycle(self)
 
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)

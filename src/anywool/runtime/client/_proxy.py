@@ -523,13 +523,6 @@ class WorkerProxy(SingleUse):
             uid = next(iter(self._waiting))
             self._admit(self._waiting.pop(uid))
 
-    async def _until_connected(self, uid: UUID, timeout: float) -> None:
-        """Wait until the worker ``uid`` is among this proxy's choice of workers (connected),
-        at most ``timeout`` seconds, or until the proxy stops taking calls."""
-        with anyio.move_on_after(timeout):
-            while uid not in self._ready and self._active:
-                await self._changed.wait()
-
     def _unresponsive(self, uid: UUID) -> None:
         """A worker did not take a cancellation within ``cancel_grace``: a pool ends its own
         (and replaces it); any other is taken out of the choice of workers at once, its
@@ -969,19 +962,51 @@ class WorkerProxy(SingleUse):
                           "pickled (%s: %s)", self, type(exc).__name__, exc)
         return None if self._origin_blob is None else (self._origin_key, self._origin_blob)
 
-    def _adopt_origin(self, origin: Origin) -> None:
-        """Carry ``origin`` (this proxy was rebuilt from it on a worker) in every call, and serve
-        nested calls: the origin pool's own workers stay in use after their withdrawal (their
-        pool is exiting and lets its calls finish) until their connections end."""
-        self._origin_key, self._origin_blob = origin
-        self._nested = True
+    # -- for the package: the pool that runs this proxy, a worker's nested proxies -----------
+    # Not part of the public API (the reference leaves them out): what a WorkerPool
+    # (anywool.runtime.pool) and a worker's nested proxies (anywool.runtime.worker._nested)
+    # tell a proxy, instead of writing its state.
 
-    def _set_own(self, uids: Iterable[UUID]) -> None:
+    def serve_pool(self, *, spawns: bool, end_worker: Callable[[UUID], object]) -> None:
+        """Make this the proxy of a pool, before it is entered.
+
+        :param spawns: whether the pool spawns workers (what a :class:`NoWorkersAvailable`
+            says when none is found).
+        :param end_worker: called with the uid of one of the pool's own workers that did not
+            take a cancellation within ``cancel_grace``: the pool ends and replaces it (any
+            other worker is only left out of the choice until it answers again).
+        """
+        self._spawns = spawns
+        self._end_worker = end_worker
+
+    def set_own_workers(self, uids: Iterable[UUID]) -> None:
         """The workers a pool spawned itself, admitted whatever the lease (the pool calls this
         whenever they change)."""
         self._own = set(uids)
         self._origin_blob = None
         self._origin_unpicklable = False
+
+    def slots_given_up(self, reason: str) -> None:
+        """The pool gave up every worker slot (``reason``, in words): a call that finds no
+        worker says so."""
+        self._given_up = reason
+
+    async def until_connected(self, uid: UUID, timeout: float) -> None:
+        """Wait until the worker ``uid`` is among this proxy's choice of workers (connected),
+        at most ``timeout`` seconds, or until the proxy stops taking calls.
+
+        Cancellation: only the wait is cancelled.
+        """
+        with anyio.move_on_after(timeout):
+            while uid not in self._ready and self._active:
+                await self._changed.wait()
+
+    def adopt_origin(self, origin: Origin) -> None:
+        """Carry ``origin`` (this proxy was rebuilt from it on a worker) in every call, and serve
+        nested calls: the origin pool's own workers stay in use after their withdrawal (their
+        pool is exiting and lets its calls finish) until their connections end."""
+        self._origin_key, self._origin_blob = origin
+        self._nested = True
 
     # -- pickling ------------------------------------------------------------------------------
 

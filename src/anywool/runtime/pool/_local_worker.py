@@ -218,7 +218,7 @@ class LocalWorker(SingleUse):
         self._max_concurrency = None if max_concurrency is None else _validate.count(
             "max_concurrency", max_concurrency, upper=MAX_CONCURRENCY)
         self._process: Process | ForkedProcess | None = None
-        # Set by a WorkerPool: its warm template, which forks the worker (see _template).
+        # A pool's warm template, which forks the worker (see fork_from).
         self._template: Template | None = None
         self._stdout: BufferedByteReceiveStream | None = None  # after the address: notices
         self._metadata: WorkerMetadata | None = None
@@ -241,6 +241,14 @@ class LocalWorker(SingleUse):
     @property
     def address(self) -> str:
         return self.metadata.address
+
+    def fork_from(self, template: Template | None) -> None:
+        """Have the worker forked from ``template`` (a pool's warm template, see
+        :mod:`anywool.runtime.pool._template`) when it starts, if the template still runs and
+        runs its backend; ``None``, or a template that cannot fork it: it starts as a process
+        of its own. Call before entering. For the package (a pool's supervision), not part of
+        the public API."""
+        self._template = template
 
     async def __aenter__(self) -> LocalWorker:
         self._enter_once()

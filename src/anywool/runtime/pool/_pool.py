@@ -5,11 +5,18 @@ The pool is an owner composed of smaller owners, entered in this order on one
 
 1. the load balancer and the discovery, each resolved from its Factory form (what a form needs
    entering is entered here, by the pool, and by nobody else);
-2. a task group hosting one *supervisor* task per spawned worker: it enters the
-   :class:`LocalWorker`, replaces it if its process dies, and stops it when the pool exits;
-3. the discovery publisher, which announces the spawned workers;
+2. the supervision of the spawned workers (:mod:`~anywool.runtime.pool._supervisor`): a task
+   group hosting one *supervisor* task per worker slot, which enters the :class:`LocalWorker`,
+   replaces it if its process dies, and stops it when the pool exits, and the warm template
+   they fork from; while a worker runs, recycling and idleness
+   (:mod:`~anywool.runtime.pool._recycling`) decide whether it retires;
+3. the publishing (:mod:`~anywool.runtime.pool._publishing`): the discovery publisher, which
+   announces the spawned workers and withdraws them;
 4. the :class:`WorkerProxy` over the discovery subscriber, which makes the pool the active
    dispatcher for ``@routine`` calls in the block.
+
+This module checks the options, makes those parts and orchestrates them; each part says what it
+owns.
 
 Exit has two budgets. ``announce_timeout`` covers everything that waits on the namespace (the
 drop announcements, the publisher's exit, the discovery's exit); ``shutdown_timeout`` covers the
@@ -21,7 +28,6 @@ must happen whatever (terminating and reaping every worker, removing files) is s
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -31,13 +37,11 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import anyio
-from anyio.abc import TaskStatus
 
 from anywool import _validate
-from anywool._duration import seconds
-from anywool._owner import SingleUse, exit_task_group
+from anywool._owner import SingleUse
 from anywool._teardown import Budget, ExitWithin
-from anywool.discovery import DiscoveryLike, DiscoveryPublisherLike, DiscoverySubscriberLike
+from anywool.discovery import DiscoveryLike, DiscoverySubscriberLike
 from anywool.errors import WorkerError
 from anywool.runtime.client import _ctrl_c
 from anywool.runtime import _lifespan
@@ -50,20 +54,13 @@ from anywool.runtime.pool._local_worker import (
     current_backend,
     tcp_endpoint,
 )
-from anywool.runtime.worker._contract import (
-    IDLE_TIMEOUT,
-    MAX_CONCURRENCY,
-    NOTICE_CALL,
-    NOTICE_IDLE,
-    NOTICE_RECYCLE,
-    REPORT_CALL,
-    RETIRING,
-    SUPERVISED,
-)
+from anywool.runtime.worker._contract import MAX_CONCURRENCY
 from anywool.runtime._output import OutputLine
 from anywool.runtime.client._proxy import WorkerProxy
 from anywool.runtime.wire._stats import WorkerStats
-from anywool.runtime.pool._template import Template, TemplateUnavailable
+from anywool.runtime.pool._publishing import Publishing
+from anywool.runtime.pool._recycling import Recycling
+from anywool.runtime.pool._supervisor import Supervisor
 from anywool.runtime.client._resolve import expected_names, is_factory, resolved
 
 # Named as before the runtime was split by side: users configure logging by this name.
@@ -71,13 +68,6 @@ log = logging.getLogger("anywool.runtime._pool")
 
 #: The most workers one pool may spawn.
 MAX_SPAWN = 1024
-# A replacement that dies sooner than this after starting counts as failing at start-up; after
-# this many such failures in a row its slot is given up.
-_MIN_UPTIME = 2.0
-_MAX_START_FAILURES = 3
-# What _until_exit_or_stop says of a worker retired for idleness (not replaced).
-_IDLE = "is idle"
-_RESTART_BACKOFF = 0.1
 
 #: The key, in a spawned worker's metadata ``extra``, of its pool's id: a random hex string
 #: per pool, the same for every worker it spawns (replacements included), so that a reader of
@@ -293,10 +283,6 @@ class WorkerPool(SingleUse):
                 raise ValueError("worker_lifespan is for the workers a pool spawns, but this "
                                  "pool spawns none (pass spawn=N)")
         self._forward_output = forward_output
-        # The root level of the workers this pool spawns: what this process's logging lets
-        # through when each starts (None: they keep theirs). An `anywool worker` host serves
-        # other processes' calls: it sets NOTSET (every record; their callers' levels decide).
-        self._output_level: int | None = None
         self._on_output = on_output
         self._spawn = None if spawn is None else _validate.count("spawn", spawn, upper=MAX_SPAWN)
         if host is not None and spawn is None and discovery is not None:
@@ -347,49 +333,20 @@ class WorkerPool(SingleUse):
             idle_timeout, min_workers, discovery)
         self._pool_id = uuid4().hex
         self._stack: AsyncExitStack | None = None
-        self._workers: list[LocalWorker] = []
-        self._supervisors: anyio.abc.TaskGroup | None = None
-        self._template: Template | None = None  # the warm template workers are forked from
-        self._template_wanted = False
-        self._keeper: anyio.abc.TaskGroup | None = None  # runs the template
-        self._workers_stopped = anyio.Event()
-        # Rolling restarts (recycle()): each running worker's "replace it" event, the events
-        # recycle() waits on (set once that worker is gone), and why a replacement could not
-        # start (the worker then stays).
-        self._recycle_asked: dict[UUID, anyio.Event] = {}
-        self._recycled: dict[UUID, anyio.Event] = {}
-        self._recycle_failures: dict[UUID, BaseException | str] = {}
-        self._recycling = anyio.Lock()
-        # Recycle requests passed on by the workers (see _serve_recycle_requests).
-        self._recycle_wanted = anyio.Event()
-        self._requests: anyio.CancelScope | None = None  # around them, once the pool runs
-        self._requests_ended = False
-        #: Run for each recycle request (the `anywool worker` command says what it does).
-        self._on_recycle_request: Callable[[], Any] = self._recycle_requested
-        # Idleness (idle_timeout): how many workers the pool runs when none is idle (its
-        # spawn), whether a start to grow back is under way, the workers asked to report
-        # their next call, and where the spawned workers' supervisors start.
-        self._target = 0
-        self._growing = False
-        self._armed: set[UUID] = set()
-        self._spawned_with: tuple[str, frozenset[str]] | None = None
-        self._own: set[UUID] = set()
         self._proxy: WorkerProxy | None = None
         self._resolved: Any = None
-        self._publisher: DiscoveryPublisherLike | None = None
         self._worker_namespace: str | None = None  # what spawned workers' spans name
-        self._published = False
-        self._publishing = anyio.Lock()
-        self._exiting = False
-        self._announcing: set[anyio.CancelScope] = set()
-        self._stopping = anyio.Event()
-        # Worker slots that have not been given up (nor closed by idleness: see idle_timeout).
-        self._slots = 0
-        self._ended: set[UUID] = set()  # workers this pool killed itself (see _end_stuck)
-        self._starting: set[anyio.CancelScope] = set()  # around each worker start under way
-        self._given_up: str | None = None  # why every slot was, once they all were
         self._announce_budget = Budget(self._announce_timeout)
         self._shutdown_budget = Budget(self._shutdown_timeout)
+        # The parts: each says what it owns (see the module's docstring).
+        self._publishing = Publishing(self, self._announce_timeout, self._announce_budget)
+        self._supervisor = Supervisor(
+            self, new_worker=self._new_worker, publishing=self._publishing,
+            startup_timeout=self._startup_timeout, shutdown_budget=self._shutdown_budget,
+            on_adopted=self._adopted)
+        self._recycling = Recycling(self._supervisor, idle_timeout=self._idle_timeout,
+                                    min_workers=self._min_workers,
+                                    on_request=self._recycle_requested)
 
     def _check_idleness(self, idle_timeout: object, min_workers: object, discovery: object
                         ) -> tuple[float | None, int]:
@@ -417,16 +374,48 @@ class WorkerPool(SingleUse):
     @property
     def workers(self) -> list[LocalWorker]:
         """The workers this pool spawned and that are running now (empty when it spawns none)."""
-        return list(self._workers)
+        return self._supervisor.workers
+
+    # -- what subclasses may change (the `anywool worker` command's pool, anywool.testing's) ----
+
+    #: The root level of the workers this pool spawns (``None``: what this process's logging
+    #: lets through when each starts). A pool whose workers serve other processes' calls (the
+    #: ``anywool worker`` command's) sets ``logging.NOTSET``: every record, their callers'
+    #: levels decide.
+    _output_level: int | None = None
+
+    def _adopted(self, worker: LocalWorker) -> None:
+        """Called with each worker the pool starts, its first ones and every replacement, once
+        its process is up (for subclasses that keep a record, as ``anywool.testing``'s does)."""
+
+    async def _recycle_requested(self) -> None:
+        """Run for each recycle request a worker passes on (``anywool recycle NS``), one at a
+        time: :meth:`recycle`, a failure logged (a subclass may say what it does, as the
+        ``anywool worker`` command does)."""
+        try:
+            await self.recycle()
+        except (WorkerError, RuntimeError) as exc:  # RuntimeError: the pool is not entered yet
+            log.error("a requested recycle of %r failed: %s", self, exc)
 
     def _spawned_output_level(self) -> int | None:
         if not self._forward_output:
             return None
         return _output.lowest_level() if self._output_level is None else self._output_level
 
-    def _adopted(self, worker: LocalWorker) -> None:
-        """Called with each worker the pool starts, its first ones and every replacement, once
-        its process is up (for subclasses that keep a record, as ``anywool.testing``'s does)."""
+    def _new_worker(self, backend: str, tags: frozenset[str]) -> LocalWorker:
+        """A worker to spawn, as this pool's options make it (each start, a replacement's
+        too, makes one afresh: it starts with the configuration as it is then)."""
+        credentials = self._credentials
+        return LocalWorker(backend=backend, tags=tags, startup_timeout=self._startup_timeout,
+                           shutdown_timeout=self._shutdown_timeout,
+                           max_concurrency=self._max_concurrency, host=self._host,
+                           secret=None if credentials is None else credentials.secret,
+                           tls=None if credentials is None else credentials.tls,
+                           namespace=self._worker_namespace,
+                           output_level=self._spawned_output_level(),
+                           lifespan=self._lifespan, max_calls=self._max_calls,
+                           max_memory=self._max_memory,
+                           extra={POOL_EXTRA: self._pool_id})
 
     @property
     def discovery(self) -> Any:
@@ -476,19 +465,7 @@ class WorkerPool(SingleUse):
         """
         if self._proxy is None:
             raise RuntimeError("the WorkerPool is not entered")
-        async with self._recycling:
-            for worker in list(self._workers):
-                uid = worker.metadata.uid
-                asked = self._recycle_asked.get(uid)
-                if asked is None:  # gone meanwhile
-                    continue
-                done = self._recycled[uid] = anyio.Event()
-                asked.set()
-                await done.wait()
-                failure = self._recycle_failures.pop(uid, None)
-                if failure is not None:
-                    raise WorkerError(f"pid {worker.pid}", f"recycling stopped: its "
-                                      f"replacement failed to start: {failure}")
+        await self._recycling.recycle()
 
     # -- entry ---------------------------------------------------------------------------------
 
@@ -558,14 +535,9 @@ class WorkerPool(SingleUse):
             namespace = getattr(owned, "namespace", None)
             tags = self._tags | ({namespace} if isinstance(namespace, str) else set())
             self._worker_namespace = namespace if isinstance(namespace, str) else None
-            await self._start_workers(stack, count, tags)
-            publisher = self._publisher = await stack.enter_async_context(ExitWithin(
-                resolved(owned.publisher, expect=DiscoveryPublisherLike,
-                         name="discovery.publisher"), self._announce_budget))
-            async with self._publishing:
-                for worker in list(self._workers):
-                    await publisher.publish("worker-added", worker.metadata)
-                self._published = True
+            await self._supervisor.start(stack, count, self._backend or current_backend(), tags,
+                                         self._recycling)
+            await self._publishing.open(stack, owned, lambda: self._supervisor.workers)
         self._proxy = WorkerProxy(
             subscriber,
             loadbalancer=balancer,
@@ -580,193 +552,9 @@ class WorkerPool(SingleUse):
             forward_output=self._forward_output,
             on_output=self._on_output,
         )
-        self._proxy._set_own(self._own)
-        self._proxy._end_worker = self._end_stuck
-        self._proxy._spawns = bool(count and owned is not None)
-        if self._given_up is not None:
-            self._proxy._given_up = self._given_up
+        self._supervisor.link(self._proxy, spawns=bool(count and owned is not None))
         await stack.enter_async_context(self._proxy)
         stack.push_async_callback(self._begin_exit)
-
-    async def _start_workers(self, stack: AsyncExitStack, count: int, tags: frozenset[str]) -> None:
-        backend = self._backend or current_backend()
-        # The warm template (see _template): its task group is entered before the supervisors,
-        # so exited after them (the template outlives the workers it forked).
-        # Entered and exited as the supervisors are (exit_task_group): given the exception of
-        # the pool's block, a task group would re-raise it in a group (trio: a Ctrl-C's
-        # KeyboardInterrupt ended a script as an exception group, exit code 1).
-        keeper = self._keeper = anyio.create_task_group()
-        await keeper.__aenter__()
-        # Cancelled: a warm-up under way is not waited for.
-        stack.push_async_callback(exit_task_group, keeper)
-        stack.callback(self._workers_stopped.set)
-        # More workers than CPUs: forking them all from one warm interpreter beats starting as
-        # many interpreters side by side. Otherwise those start faster side by side than after
-        # a template, which is then started when the pool first starts a worker again (a
-        # replacement, a recycle): a pool that never does pays nothing for it.
-        if count > (os.cpu_count() or 1):
-            self._template_wanted = True
-            await keeper.start(self._keep_template, backend)
-        supervisors = self._supervisors = anyio.create_task_group()
-        await supervisors.__aenter__()
-
-        async def stop_supervisors() -> None:
-            self._stopping.set()
-            self._end_recycle_requests()
-            self._stop_starting()  # a replacement starting (its lifespan, say) is not waited for
-            await exit_task_group(supervisors, cancel=False)  # they stop their workers
-
-        stack.push_async_callback(stop_supervisors)
-        failures: list[BaseException] = []
-
-        async def start_one(starters: anyio.abc.TaskGroup) -> None:
-            try:
-                await supervisors.start(self._supervise, backend, tags)
-            except Exception as exc:
-                failures.append(exc)
-                starters.cancel_scope.cancel()
-
-        self._slots = self._target = count
-        self._spawned_with = (backend, tags)
-        supervisors.start_soon(self._serve_recycle_requests)
-        async with anyio.create_task_group() as starters:
-            for _ in range(count):
-                starters.start_soon(start_one, starters)
-        if failures:
-            raise failures[0]
-
-    def _want_template(self, backend: str) -> None:
-        """Start the warm template, once (the worker starting now does not wait for it)."""
-        if not self._template_wanted and self._keeper is not None:
-            self._template_wanted = True
-            self._keeper.start_soon(self._keep_template, backend)
-
-    async def _keep_template(self, backend: str, *,
-                             task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Run the pool's warm template until its workers have stopped (started once it is
-        warm, or known unavailable: workers then start as processes of their own)."""
-        try:
-            async with Template(backend, self._startup_timeout) as template:
-                self._template = template
-                task_status.started()
-                try:
-                    # Shielded: the pool's cancellation (a deadline, a Ctrl-C) does not end it
-                    # while the workers it forked are being stopped (it says how they end).
-                    with anyio.CancelScope(shield=True):
-                        await self._workers_stopped.wait()
-                finally:
-                    self._template = None
-        except TemplateUnavailable as exc:
-            log.info("no warm template (%s): workers start as processes of their own", exc)
-            task_status.started()
-
-    # -- supervision ---------------------------------------------------------------------------
-
-    async def _supervise(
-        self, backend: str, tags: frozenset[str], *, replacing: bool = False,
-        task_status: TaskStatus[LocalWorker]
-    ) -> None:
-        """Run one worker slot: start a worker, replace it when its process dies, stop it when
-        the pool exits, hand the slot to a new supervisor when it retires. The first start's
-        failure is the caller's (``task_status``); ``replacing``: the new worker is announced
-        before the caller hears of it (it replaces a retiring one)."""
-        started = False
-        start_failures = 0
-        while not (self._stopping.is_set() or self._exiting):
-            credentials = self._credentials
-            worker = LocalWorker(backend=backend, tags=tags, startup_timeout=self._startup_timeout,
-                                 shutdown_timeout=self._shutdown_timeout,
-                                 max_concurrency=self._max_concurrency, host=self._host,
-                                 secret=None if credentials is None else credentials.secret,
-                                 tls=None if credentials is None else credentials.tls,
-                                 namespace=self._worker_namespace,
-                                 output_level=self._spawned_output_level(),
-                                 lifespan=self._lifespan, max_calls=self._max_calls,
-                                 max_memory=self._max_memory,
-                                 extra={POOL_EXTRA: self._pool_id})
-            if started or replacing:
-                self._want_template(backend)
-            worker._template = self._template
-            born = anyio.current_time()  # again once it is up
-            try:
-                # The pool's exit (or a Ctrl-C) cancels a start under way: a worker's start
-                # may take up to startup_timeout (its lifespan's entry), which no exit waits for.
-                with anyio.CancelScope() as starting:
-                    self._starting.add(starting)
-                    try:
-                        async with worker:
-                            self._starting.discard(starting)
-                            # Before it is announced: a recycle request is passed on from then.
-                            await worker.tell(SUPERVISED)
-                            if self._idle_timeout is not None:
-                                await worker.tell(f"{IDLE_TIMEOUT} {self._idle_timeout!r}")
-                            born = anyio.current_time()
-                            self._own.add(worker.metadata.uid)
-                            self._own_changed()
-                            self._workers.append(worker)
-                            self._adopted(worker)
-                            uid = worker.metadata.uid
-                            self._arm()
-                            try:
-                                if started or replacing:
-                                    await self._announce(worker, "worker-added")
-                                if not started:
-                                    started = True
-                                    task_status.started(worker)
-                                while True:
-                                    asked = self._recycle_asked[uid] = anyio.Event()
-                                    code, retiring = await self._until_exit_or_stop(worker, asked)
-                                    if retiring is None:
-                                        break
-                                    if await self._retire(worker, retiring, backend, tags,
-                                                          recycling=asked.is_set(),
-                                                          replace=retiring != _IDLE):
-                                        return
-                            finally:
-                                self._workers.remove(worker)
-                                self._armed.discard(uid)
-                                self._recycle_asked.pop(uid, None)
-                                recycled = self._recycled.pop(uid, None)
-                                if recycled is not None:
-                                    recycled.set()
-                            if code is None:  # the pool is exiting
-                                await worker.stop(self._shutdown_budget.left)
-                                return
-                            if worker.metadata.uid in self._ended:
-                                self._ended.discard(worker.metadata.uid)
-                                log.info("worker pid %s ended (code %s); replacing it",
-                                         worker.pid, code)
-                            else:
-                                log.warning("worker pid %s exited unexpectedly (code %s); "
-                                            "replacing it", worker.pid, code)
-                            await self._announce(worker, "worker-dropped")
-                            self._own.discard(worker.metadata.uid)
-                            self._own_changed()
-                    finally:
-                        self._starting.discard(starting)
-                if starting.cancelled_caught:
-                    return  # the pool exits: nothing was started
-            except Exception as exc:  # a supervisor never ends the pool's task group
-                if not started:
-                    raise
-                reason: BaseException | str = exc
-            else:
-                uptime = anyio.current_time() - born
-                if uptime >= _MIN_UPTIME:
-                    start_failures = 0
-                    continue
-                reason = f"it exited {uptime:.2f} s after starting"
-            start_failures += 1
-            if start_failures >= _MAX_START_FAILURES:
-                self._give_up_slot(start_failures, reason)
-                return
-            with anyio.move_on_after(_RESTART_BACKOFF * 2 ** (start_failures - 1)):
-                await self._stopping.wait()
-
-    def _stop_starting(self) -> None:
-        """Cancel the worker starts under way (a cancelled start kills and reaps its process)."""
-        for scope in list(self._starting):
-            scope.cancel()
 
     def _hurry(self) -> None:
         """A Ctrl-C during the exit: spend no more time waiting; end the workers now (their
@@ -774,271 +562,7 @@ class WorkerPool(SingleUse):
         log.warning("exiting %r in a hurry (Ctrl-C): ending its workers now", self)
         self._announce_budget.exhaust()
         self._shutdown_budget.exhaust()
-        self._stop_starting()
-        for worker in self._workers:
-            self._ended.add(worker.metadata.uid)
-            worker.kill()
-
-    def _end_stuck(self, uid: UUID) -> None:
-        """End a spawned worker that did not take a cancellation in time (its supervisor then
-        replaces it, as it does any worker that dies)."""
-        for worker in self._workers:
-            if worker.metadata.uid == uid:
-                log.warning("ending worker pid %s (SIGKILL): a routine holds its event loop "
-                            "past a cancellation; it is replaced", worker.pid)
-                self._ended.add(uid)
-                worker.kill()
-                return
-
-    def _own_changed(self) -> None:
-        if self._proxy is not None:
-            self._proxy._set_own(self._own)
-
-    async def _retire(self, worker: LocalWorker, reason: str, backend: str,
-                      tags: frozenset[str], *, recycling: bool, replace: bool = True) -> bool:
-        """Replace ``worker``: start its replacement in a supervisor of its own, wait until
-        this pool's proxy is connected to it, then withdraw ``worker`` and let its calls
-        finish, however long they take (it then exits by itself); the pool's exit stops it as
-        any worker, its calls drained within what is left of ``shutdown_timeout``. Whether it
-        was replaced: a worker that retires by itself (it takes no new calls) is withdrawn even
-        when no replacement starts (its slot is given up); one that ``recycling`` replaces
-        stays when none starts (the reason is kept for :meth:`recycle`). Without ``replace``
-        (an idle worker, its slot closed already), it is withdrawn and stopped alone."""
-        replacement: LocalWorker | None = None
-        failure: BaseException | str = ""
-        if not replace:
-            log.info("worker pid %s was idle for %s; retiring it (%d workers left)",
-                     worker.pid, seconds(self._idle_timeout), self._slots)
-        else:
-            log.info("worker pid %s %s; replacing it", worker.pid, reason)
-            async with anyio.create_task_group() as notices:
-                # It still answers requests meanwhile: a recycle request is passed on.
-                notices.start_soon(self._pass_on_recycle_requests, worker)
-                replacement, failure = await self._start_replacement(backend, tags,
-                                                                     give_up=not recycling)
-                if replacement is not None:
-                    await self._until_proxy_has(replacement)
-                notices.cancel_scope.cancel()
-        if (replace and replacement is None and recycling
-                and not (self._stopping.is_set() or self._exiting)):
-            uid = worker.metadata.uid
-            self._recycle_failures[uid] = failure
-            done = self._recycled.pop(uid, None)
-            if done is not None:
-                done.set()
-            return False
-        await self._announce(worker, "worker-dropped")
-        self._own.discard(worker.metadata.uid)
-        self._own_changed()
-        if not self._stopping.is_set():
-            async with anyio.create_task_group() as tg:
-
-                async def until_stopping() -> None:
-                    await self._stopping.wait()
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(until_stopping)
-                await worker.drain()
-                tg.cancel_scope.cancel()
-        await worker.stop(self._shutdown_budget.left)
-        return True
-
-    async def _pass_on_recycle_requests(self, worker: LocalWorker) -> None:
-        """Read ``worker``'s notices (until it ends, or this is cancelled), passing on its
-        recycle requests; the others are moot once it is being replaced."""
-        while (said := await worker.notice()) is not None:
-            if said == NOTICE_RECYCLE and not (self._stopping.is_set() or self._exiting):
-                self._recycle_wanted.set()
-
-    async def _until_proxy_has(self, worker: LocalWorker) -> None:
-        """Wait (within ``startup_timeout``) until this pool's proxy is connected to
-        ``worker``, so that its calls have somewhere to go before the worker it replaces stops
-        taking them."""
-        if self._proxy is not None:
-            await self._proxy._until_connected(worker.metadata.uid, self._startup_timeout)
-
-    async def _start_replacement(self, backend: str, tags: frozenset[str], *, give_up: bool
-                                 ) -> tuple[LocalWorker | None, BaseException | str]:
-        """Start a supervisor whose worker replaces another, once it is up and announced:
-        the new worker, or ``None`` and why not. Retried with the slot's back-off; after
-        :data:`_MAX_START_FAILURES` failed starts in a row the slot is given up if
-        ``give_up``."""
-        supervisors = self._supervisors
-        assert supervisors is not None  # a worker retires only once the supervisors run
-        reason: BaseException | str = "the pool is exiting"
-        for failures in range(1, _MAX_START_FAILURES + 1):
-            if self._stopping.is_set() or self._exiting:
-                return None, "the pool is exiting"
-            try:
-                worker: LocalWorker = await supervisors.start(
-                    functools.partial(self._supervise, backend, tags, replacing=True))
-                return worker, ""
-            except Exception as exc:
-                if self._stopping.is_set():
-                    return None, "the pool is exiting"  # its start was cancelled by the exit
-                reason = exc
-                log.warning("a replacement worker failed to start (%d of %d): %s", failures,
-                            _MAX_START_FAILURES, exc)
-            with anyio.move_on_after(_RESTART_BACKOFF * 2 ** (failures - 1)):
-                await self._stopping.wait()
-        if give_up:
-            self._give_up_slot(_MAX_START_FAILURES, reason)
-        return None, reason
-
-    def _give_up_slot(self, failures: int, reason: BaseException | str) -> None:
-        log.error("giving up a worker slot of %r after %d failed starts in a row; last: %s",
-                  self, failures, reason)
-        self._slots -= 1
-        if not self._slots:
-            self._given_up = (f"every worker slot of this pool was given up after {failures} "
-                              f"failed starts in a row (the last: {reason})")
-            if self._proxy is not None:
-                self._proxy._given_up = self._given_up
-
-    async def _until_exit_or_stop(self, worker: LocalWorker, asked: anyio.Event
-                                  ) -> tuple[int | None, str | None]:
-        """The worker's exit code if its process ends by itself, or why it is to be replaced
-        (it retires, see :meth:`LocalWorker.retiring`, or ``asked`` was set by
-        :meth:`recycle`); ``(None, None)`` if the pool stops."""
-        code: int | None = None
-        retiring: str | None = None
-        async with anyio.create_task_group() as tg:
-
-            async def watch_recycle() -> None:
-                nonlocal retiring
-                await asked.wait()
-                retiring = "is recycled (pool.recycle())"
-                tg.cancel_scope.cancel()
-
-            async def watch_process() -> None:
-                nonlocal code
-                code = await worker.wait()
-                tg.cancel_scope.cancel()
-
-            async def watch_notices() -> None:
-                nonlocal retiring
-                while (said := await worker.notice()) is not None:
-                    if self._stopping.is_set() or self._exiting:
-                        continue
-                    if said.startswith(RETIRING):
-                        retiring = f"retires: {said[len(RETIRING):]}"
-                        tg.cancel_scope.cancel()
-                        return
-                    if said == NOTICE_RECYCLE:
-                        log.info("worker pid %s passed on a recycle request", worker.pid)
-                        self._recycle_wanted.set()
-                    elif said == NOTICE_IDLE and self._idle_timeout is not None:
-                        if (self._slots > self._min_workers
-                                and self._running_besides(worker) >= self._min_workers):
-                            self._slots -= 1  # now: the next idle worker sees one fewer
-                            retiring = _IDLE
-                            tg.cancel_scope.cancel()
-                            self._arm()
-                            return
-                        log.debug("worker pid %s is idle; kept (min_workers=%d)", worker.pid,
-                                  self._min_workers)
-                    elif said == NOTICE_CALL:
-                        self._armed.discard(worker.metadata.uid)
-                        self._grow()
-
-            async def watch_pool() -> None:
-                await self._stopping.wait()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(watch_process)
-            tg.start_soon(watch_pool)
-            tg.start_soon(watch_notices)
-            tg.start_soon(watch_recycle)
-        if self._stopping.is_set():
-            return None, None
-        return code, None if code is not None else retiring
-
-    # -- idleness and growth back (idle_timeout) ------------------------------------------------
-
-    def _running_besides(self, worker: LocalWorker) -> int:
-        """How many other spawned workers are up and not withdrawn (a slot whose worker is
-        being restarted after a crash has none)."""
-        return sum(1 for other in self._workers
-                   if other is not worker and other.metadata.uid in self._own)
-
-    def _arm(self) -> None:
-        """While the pool runs fewer than its spawn of workers, ask each running worker not
-        asked yet to report its next call (it then says ``call`` once: see :meth:`_grow`)."""
-        supervisors = self._supervisors
-        if (self._idle_timeout is None or supervisors is None or self._slots >= self._target
-                or self._stopping.is_set() or self._exiting):
-            return
-        for worker in self._workers:
-            uid = worker.metadata.uid
-            if uid not in self._armed and uid in self._own:
-                self._armed.add(uid)
-                supervisors.start_soon(worker.tell, REPORT_CALL)
-
-    def _grow(self) -> None:
-        """A worker took a call while asked to report one: start one more worker, if the pool
-        runs fewer than its spawn and no such start is under way."""
-        supervisors = self._supervisors
-        if (self._growing or supervisors is None or self._spawned_with is None
-                or self._slots >= self._target or self._stopping.is_set() or self._exiting):
-            return
-        self._growing = True
-        supervisors.start_soon(self._grow_one, *self._spawned_with)
-
-    async def _grow_one(self, backend: str, tags: frozenset[str]) -> None:
-        try:
-            log.info("a call came with %d of %d workers running; starting one more",
-                     self._slots, self._target)
-            worker, failure = await self._start_replacement(backend, tags, give_up=False)
-            if worker is not None:
-                self._slots += 1
-            elif not (self._stopping.is_set() or self._exiting):
-                log.warning("a worker to grow back to %d could not start: %s", self._target,
-                            failure)
-        finally:
-            self._growing = False
-        self._arm()
-
-    # -- recycle requests ----------------------------------------------------------------------
-
-    async def _serve_recycle_requests(self) -> None:
-        """Run :meth:`recycle` for the requests the workers pass on, one at a time: those that
-        come during one are taken after it, once. Ends when the pool exits (a recycle under
-        way is cancelled between workers)."""
-        with anyio.CancelScope() as self._requests:
-            if self._requests_ended:
-                return
-            while True:
-                await self._recycle_wanted.wait()
-                self._recycle_wanted = anyio.Event()
-                await self._on_recycle_request()
-
-    def _end_recycle_requests(self) -> None:
-        self._requests_ended = True
-        if self._requests is not None:
-            self._requests.cancel()
-
-    async def _recycle_requested(self) -> None:
-        try:
-            await self.recycle()
-        except (WorkerError, RuntimeError) as exc:  # RuntimeError: the pool is not entered yet
-            log.error("a requested recycle of %r failed: %s", self, exc)
-
-    async def _announce(self, worker: LocalWorker, kind: str) -> None:
-        """Publish one worker's change, once the initial announcement has been made."""
-        async with self._publishing:
-            if not self._published or self._publisher is None or self._exiting:
-                return
-            # The exit abandons an announcement under way (it announces every drop itself).
-            with anyio.CancelScope() as scope:
-                self._announcing.add(scope)
-                try:
-                    with anyio.fail_after(self._announce_timeout):
-                        await self._publisher.publish(kind, worker.metadata)  # type: ignore[arg-type]
-                except Exception:
-                    log.warning("announcing %s for %s failed", kind, worker.metadata,
-                                exc_info=True)
-                finally:
-                    self._announcing.discard(scope)
+        self._supervisor.hurry()
 
     # -- exit ----------------------------------------------------------------------------------
 
@@ -1047,23 +571,9 @@ class WorkerPool(SingleUse):
         proxy = self._proxy
         assert proxy is not None
         proxy.deactivate()
-        self._exiting = True
-        self._end_recycle_requests()
-        for scope in self._announcing:
-            scope.cancel()
-        if self._publisher is not None and self._announce_timeout > 0:
-            try:
-                with self._announce_budget.scope(fail=True):
-                    async with self._publishing:
-                        publisher, self._published = self._publisher, False
-                        for worker in list(self._workers):
-                            await publisher.publish("worker-dropped", worker.metadata)
-            except TimeoutError:
-                log.warning("announcing the dropped workers of %r gave up after %s; "
-                            "stopping them anyway", self, seconds(self._announce_timeout), exc_info=True)
-            except Exception:
-                log.warning("announcing the dropped workers of %r failed; stopping them anyway",
-                            self, exc_info=True)
+        self._supervisor.begin_exit()
+        self._recycling.end_requests()
+        await self._publishing.withdraw_all(lambda: self._supervisor.workers)
         with self._shutdown_budget.scope():
             await proxy.drain()
 
