@@ -30,4 +30,12 @@ MUTATIONS: list[Mutation] = [
                "test_the_runtimes_internal_packages_stay_out_of_dir_once_imported",),
         why="dir(anywool.runtime) lists the public API only",
     ),
+    Mutation(
+        name="a-moved-logger-takes-its-modules-name",
+        path="src/anywool/runtime/client/_proxy.py",
+        old='log = logging.getLogger("anywool.runtime._proxy")',
+        new="log = logging.getLogger(__name__)",
+        tests=("tests/unit/test_logger_names.py",),
+        why="logger names stay what users configure",
+    ),
 ]
