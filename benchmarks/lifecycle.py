@@ -112,7 +112,7 @@ async def _replacement(warm: bool) -> dict[str, Any]:
         samples = []
         for _ in range(REPLACEMENTS):
             worker = LocalWorker()
-            worker.fork_from(pool._supervisor.template if warm else None)
+            worker._fork_from(pool._supervisor.template if warm else None)
             began = time.perf_counter()
             async with worker:
                 samples.append(time.perf_counter() - began)

@@ -38,4 +38,23 @@ MUTATIONS: list[Mutation] = [
         tests=("tests/unit/test_logger_names.py",),
         why="logger names stay what users configure",
     ),
+    Mutation(
+        name="wire-looks-up-the-pool-at-run-time",
+        path="src/anywool/runtime/wire/_stats.py",
+        old="def memory() -> tuple[int | None, bool]:\n",
+        new="def _pool() -> object:\n    import sys\n\n"
+            "    return sys.modules.get(\"anywool.runtime.pool._pool\")\n\n\n"
+            "def memory() -> tuple[int | None, bool]:\n",
+        tests=("tests/unit/test_layers.py::test_no_module_imports_a_layer_above_its_own",),
+        why="architecture: a module looked up by name at run time is an import too",
+    ),
+    Mutation(
+        name="a-private-name-read-through-its-module",
+        path="src/anywool/runtime/wire/_exceptions.py",
+        old="    exits = _serializer.UNPICKLING_EXITS",
+        new="    exits = _serializer._UNPICKLING_EXITS",
+        tests=("tests/unit/test_private_names.py::"
+               "test_no_module_reads_a_private_name_through_another_module",),
+        why="no module leans on another module's private names",
+    ),
 ]

@@ -136,7 +136,7 @@ async def test_a_forked_worker_exit_code_comes_from_the_template() -> None:
         async with Template(current_backend(), 20) as template:
             assert template._process is not None
             worker = LocalWorker()
-            worker.fork_from(template)
+            worker._fork_from(template)
             async with worker:
                 assert psutil.Process(worker.pid).ppid() == template._process.pid
                 worker.kill()
@@ -282,14 +282,14 @@ async def test_a_template_that_does_not_answer_a_fork_in_time_is_killed() -> Non
             assert template._process is not None
             pid = template._process.pid
             keep = LocalWorker()
-            keep.fork_from(template)
+            keep._fork_from(template)
             async with keep:
                 os.kill(pid, signal.SIGSTOP)
                 try:
                     late = [LocalWorker(), LocalWorker()]
                     async with anyio.create_task_group() as tg:
                         for worker in late:
-                            worker.fork_from(template)
+                            worker._fork_from(template)
                             tg.start_soon(worker.__aenter__)
                             # The second waits behind the first, whose request is sent.
                             await wait_until(lambda: template._lock.locked(), "a fork request")

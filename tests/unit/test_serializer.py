@@ -322,7 +322,7 @@ def test_an_interrupt_from_unpickling_is_the_users_except_in_a_worker(
     with pytest.raises(KeyboardInterrupt):  # a caller's Ctrl-C may be what it is
         loads(data)
     # (The setting is the process's: restored after the test.)
-    monkeypatch.setattr(_serializer, "_UNPICKLING_EXITS", _serializer._UNPICKLING_EXITS)
+    monkeypatch.setattr(_serializer, "UNPICKLING_EXITS", _serializer.UNPICKLING_EXITS)
     _serializer.take_interrupts_as_values()
     with pytest.raises(pickle.UnpicklingError, match="KeyboardInterrupt"):
         loads(data)

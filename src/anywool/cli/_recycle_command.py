@@ -53,8 +53,8 @@ __all__ = ["recycle"]
 
 #: Seconds between two reads of the namespace while a host recycles.
 POLL_INTERVAL = 0.1
-# The key of a pool's id in its workers' metadata (runtime._pool.POOL_EXTRA: not imported, so
-# that the command does not load the pool's machinery).
+# The key of a pool's id in its workers' metadata (runtime.pool._pool.POOL_EXTRA: not
+# imported, so that the command does not load the pool's machinery).
 _POOL_EXTRA = "anywool.pool"
 
 

@@ -71,7 +71,7 @@ class _Snapshot(list[DiscoveryEvent]):
         self.view = view
 
 
-class _Consumer:
+class Consumer:
     """One iteration's end of a source: a bounded batch queue and a wake pipe."""
 
     def __init__(self) -> None:
@@ -121,7 +121,7 @@ class _Consumer:
         self.wake_r = self.wake_w = -1
 
 
-class _Source:
+class Source:
     """What one namespace's source shares with every consumer in this process.
 
     A subclass says what it follows: :meth:`_open_hint` (in the thread, as it starts),
@@ -139,7 +139,7 @@ class _Source:
         self.namespace = namespace
         self.poll_interval = poll_interval
         self.lock = threading.Lock()
-        self.consumers: set[_Consumer] = set()
+        self.consumers: set[Consumer] = set()
         self.view: dict[UUID, WorkerMetadata] = {}
         self.binds = 1
         self.scans = 0
@@ -347,7 +347,7 @@ class _Source:
             raise _Stopped
 
 
-class _LocalSource(_Source):
+class _LocalSource(Source):
     """One bound local namespace shared by every consumer in this process."""
 
     def __init__(self, key: tuple[str, float], namespace: str, poll_interval: float,
@@ -453,15 +453,15 @@ class _Hub:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.sources: dict[tuple[str, float], _Source] = {}
+        self.sources: dict[tuple[str, float], Source] = {}
         # Detaches a finalizer could not do without waiting for a lock (see detach). A deque:
         # appended to without the lock, drained with popleft, so that nothing is ever lost.
-        self.deferred: deque[tuple[_Source, _Consumer]] = deque()
+        self.deferred: deque[tuple[Source, Consumer]] = deque()
         # Sources that never started, left by a finalizer that found their lock busy.
-        self.deferred_closes: deque[_Source] = deque()
+        self.deferred_closes: deque[Source] = deque()
 
-    def attach(self, namespace: str, poll_interval: float, consumer: _Consumer,
-               checkpoint: Callable[[], None], *, in_loop: bool = False) -> _Source:
+    def attach(self, namespace: str, poll_interval: float, consumer: Consumer,
+               checkpoint: Callable[[], None], *, in_loop: bool = False) -> Source:
         """Join (or start) the local namespace's source and queue the current view as
         ``worker-added`` (see :meth:`join`).
 
@@ -489,7 +489,7 @@ class _Hub:
                 probe.close()
                 raise WouldBlock
 
-        def build() -> tuple[_Source, list[DiscoveryEvent]]:
+        def build() -> tuple[Source, list[DiscoveryEvent]]:
             nonlocal probe
             assert probe is not None
             fresh = _LocalSource(key, namespace, poll_interval, probe)
@@ -509,9 +509,9 @@ class _Hub:
             if probe is not None:
                 probe.close()
 
-    def join(self, key: tuple[str, float], consumer: _Consumer,
-             build: Callable[[], tuple[_Source, list[DiscoveryEvent]]],
-             current: Callable[[_Source], bool] | None = None) -> _Source:
+    def join(self, key: tuple[str, float], consumer: Consumer,
+             build: Callable[[], tuple[Source, list[DiscoveryEvent]]],
+             current: Callable[[Source], bool] | None = None) -> Source:
         """Join the source listed under ``key`` (or install a new one) and queue its current
         view for ``consumer`` as ``worker-added``: the machinery every kind of source shares.
 
@@ -523,7 +523,7 @@ class _Hub:
             (``False``: it is unlisted, keeps serving its consumers, and a new one is built).
         :raises Exception: whatever ``build`` raised (nothing is attached then).
         """
-        fresh: _Source | None = None
+        fresh: Source | None = None
         primed: list[DiscoveryEvent] = []
         try:
             while True:
@@ -586,7 +586,7 @@ class _Hub:
             except IndexError:
                 return
 
-    def _defer(self, source: _Source, consumer: _Consumer) -> None:
+    def _defer(self, source: Source, consumer: Consumer) -> None:
         self.deferred.append((source, consumer))
         if not source.started:
             self.drain_soon()  # no thread of its own will wake up to do it
@@ -597,7 +597,7 @@ class _Hub:
         the thread it interrupted."""
         _thread.start_new_thread(self.drain_deferred, ())
 
-    def detach(self, source: _Source, consumer: _Consumer, *,
+    def detach(self, source: Source, consumer: Consumer, *,
                blocking: bool = True) -> threading.Thread | None:
         """Leave the source; returns its thread (to join) when this was the last consumer.
 
@@ -631,7 +631,7 @@ class _Hub:
 
 
 _hub = _Hub()
-_LIVE_SOURCES: weakref.WeakSet[_Source] = weakref.WeakSet()
+_LIVE_SOURCES: weakref.WeakSet[Source] = weakref.WeakSet()
 
 
 def _forget_in_child() -> None:
@@ -692,12 +692,12 @@ class Opener:
         """First, in the iteration's own event loop: whatever attaching needs read there
         (cancellable like any await)."""
 
-    def attach_in_loop(self, consumer: _Consumer) -> _Source | None:
+    def attach_in_loop(self, consumer: Consumer) -> Source | None:
         """Attach in the event loop's own thread if nothing on the way can wait; ``None``:
         nothing attached, use :meth:`attach` in a worker thread."""
         return None
 
-    def attach(self, consumer: _Consumer, checkpoint: Callable[[], None]) -> _Source:
+    def attach(self, consumer: Consumer, checkpoint: Callable[[], None]) -> Source:
         """Attach in a worker thread (usually through :meth:`_Hub.join`); ``checkpoint`` raises
         when the starting iteration is cancelled."""
         raise NotImplementedError
@@ -710,7 +710,7 @@ class _LocalOpener(Opener):
         self.namespace = namespace
         self.poll_interval = poll_interval
 
-    def attach_in_loop(self, consumer: _Consumer) -> _Source | None:
+    def attach_in_loop(self, consumer: Consumer) -> Source | None:
         if not _runtime_dir.in_memory():
             return None
         try:  # no thread hop when nothing on the way can wait
@@ -719,7 +719,7 @@ class _LocalOpener(Opener):
         except WouldBlock:
             return None
 
-    def attach(self, consumer: _Consumer, checkpoint: Callable[[], None]) -> _Source:
+    def attach(self, consumer: Consumer, checkpoint: Callable[[], None]) -> Source:
         return _hub.attach(self.namespace, self.poll_interval, consumer, checkpoint)
 
 
@@ -741,8 +741,8 @@ class _Attachment:
     __slots__ = ("consumer", "detached", "source")
 
     def __init__(self) -> None:
-        self.source: _Source | None = None
-        self.consumer: _Consumer | None = None
+        self.source: Source | None = None
+        self.consumer: Consumer | None = None
         self.detached = False
 
     def detach(self, *, blocking: bool) -> threading.Thread | None:
@@ -756,7 +756,7 @@ async def _follow(opener: Opener,
                   attachment: _Attachment) -> AsyncGenerator[list[DiscoveryEvent], None]:
     """The batches of one iteration. It never refers to its :class:`_Iteration` (no cycle: the
     iteration is freed, and detached, as soon as the caller drops it)."""
-    consumer = _Consumer()
+    consumer = Consumer()
     try:
         await opener.prepare()
         source = opener.attach_in_loop(consumer)
@@ -825,7 +825,7 @@ class _Iteration:
             pass
 
 
-async def _receive(source: _Source, consumer: _Consumer) -> list[DiscoveryEvent]:
+async def _receive(source: Source, consumer: Consumer) -> list[DiscoveryEvent]:
     while True:
         if source.forgotten:
             raise RuntimeError(

@@ -10,7 +10,7 @@ The decorated function keeps its name, module and qualified name (``functools.wr
 pickles by reference like any module-level function. The worker receives the *decorated*
 function and runs its :attr:`__wrapped__` body directly. A routine that calls a routine on a
 worker calls the decorated function there: the worker makes the proxy of the pool the call
-tree started from the active dispatcher of the call's task (see :mod:`._nested`).
+tree started from the active dispatcher of the call's task (see :mod:`anywool.runtime.worker._nested`).
 
 This module holds no event loop state besides the context variable.
 """

@@ -96,7 +96,7 @@ class _Silent(Exception):
     """The watched member did not answer a ping in time."""
 
 
-class EtcdSource(_hub._Source):
+class EtcdSource(_hub.Source):
     """One watched etcd namespace shared by every consumer in this process (see the module)."""
 
     def __init__(self, key: tuple[str, float], namespace: str, config: Config,
@@ -379,17 +379,17 @@ class EtcdOpener(_hub.Opener):
         if self.snapshot.generation is None:
             raise DiscoveryNamespaceNotFound(self.namespace, "EtcdDiscovery")
 
-    def attach_in_loop(self, consumer: _hub._Consumer) -> _hub._Source | None:
+    def attach_in_loop(self, consumer: _hub.Consumer) -> _hub.Source | None:
         snapshot = self.snapshot
         assert snapshot is not None
         hub = _hub.hub()
         key = source_key(self.namespace, self.config)
 
-        def build() -> tuple[_hub._Source, list[DiscoveryEvent]]:
+        def build() -> tuple[_hub.Source, list[DiscoveryEvent]]:
             fresh = EtcdSource(key, self.namespace, self.config, snapshot)
             return fresh, fresh.prime()
 
-        def current(source: _hub._Source) -> bool:
+        def current(source: _hub.Source) -> bool:
             # A source that follows an earlier generation (or none: orphaned) is left to its
             # consumers; a new iteration sees the owner it found.
             return isinstance(source, EtcdSource) and \
@@ -397,7 +397,7 @@ class EtcdOpener(_hub.Opener):
 
         return hub.join(key, consumer, build, current=current)
 
-    def attach(self, consumer: _hub._Consumer, checkpoint: Callable[[], None]) -> _hub._Source:
+    def attach(self, consumer: _hub.Consumer, checkpoint: Callable[[], None]) -> _hub.Source:
         source = self.attach_in_loop(consumer)
         assert source is not None
         return source

@@ -83,7 +83,7 @@ class _Held(NamedTuple):
         return self.created + self.ttl * 1000
 
 
-class LanSource(_hub._Source):
+class LanSource(_hub.Source):
     """One browsed LAN namespace shared by every consumer in this process (see the module)."""
 
     def __init__(self, key: tuple[str, float], namespace: str,
@@ -282,12 +282,12 @@ class LanOpener(_hub.Opener):
         self.interfaces = None if interfaces is None else tuple(interfaces)
         self.secret = secret
 
-    def attach(self, consumer: _hub._Consumer, checkpoint: Callable[[], None]) -> _hub._Source:
+    def attach(self, consumer: _hub.Consumer, checkpoint: Callable[[], None]) -> _hub.Source:
         hub = _hub.hub()
         hub.drain_deferred()
         key = source_key(self.namespace, self.interfaces, self.secret)
 
-        def build() -> tuple[_hub._Source, list[DiscoveryEvent]]:
+        def build() -> tuple[_hub.Source, list[DiscoveryEvent]]:
             fresh = LanSource(key, self.namespace, self.interfaces, self.secret)
             try:
                 return fresh, fresh.prime()

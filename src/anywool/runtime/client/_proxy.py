@@ -368,7 +368,7 @@ class WorkerProxy(SingleUse):
         self._in_flight = _InFlight()
         # Calls that no worker can take now, waiting for room (see _deliver).
         self._room_queue = RoomQueue()
-        # What calls carry so that their routines can call routines (see runtime._nested):
+        # What calls carry so that their routines can call routines (see runtime.worker._nested):
         # this proxy's pickle and a digest of it, its key, made once (again when the pool's own
         # workers change). Proxies that pickle alike share one proxy on each worker.
         self._origin_key = b""
@@ -963,11 +963,11 @@ class WorkerProxy(SingleUse):
         return None if self._origin_blob is None else (self._origin_key, self._origin_blob)
 
     # -- for the package: the pool that runs this proxy, a worker's nested proxies -----------
-    # Not part of the public API (the reference leaves them out): what a WorkerPool
-    # (anywool.runtime.pool) and a worker's nested proxies (anywool.runtime.worker._nested)
-    # tell a proxy, instead of writing its state.
+    # What a WorkerPool (anywool.runtime.pool) and a worker's nested proxies
+    # (anywool.runtime.worker._nested) tell a proxy, instead of writing its state. Underscored
+    # because WorkerProxy is public: these are the package's, not the user's API.
 
-    def serve_pool(self, *, spawns: bool, end_worker: Callable[[UUID], object]) -> None:
+    def _serve_pool(self, *, spawns: bool, end_worker: Callable[[UUID], object]) -> None:
         """Make this the proxy of a pool, before it is entered.
 
         :param spawns: whether the pool spawns workers (what a :class:`NoWorkersAvailable`
@@ -979,19 +979,19 @@ class WorkerProxy(SingleUse):
         self._spawns = spawns
         self._end_worker = end_worker
 
-    def set_own_workers(self, uids: Iterable[UUID]) -> None:
+    def _set_own_workers(self, uids: Iterable[UUID]) -> None:
         """The workers a pool spawned itself, admitted whatever the lease (the pool calls this
         whenever they change)."""
         self._own = set(uids)
         self._origin_blob = None
         self._origin_unpicklable = False
 
-    def slots_given_up(self, reason: str) -> None:
+    def _slots_given_up(self, reason: str) -> None:
         """The pool gave up every worker slot (``reason``, in words): a call that finds no
         worker says so."""
         self._given_up = reason
 
-    async def until_connected(self, uid: UUID, timeout: float) -> None:
+    async def _until_connected(self, uid: UUID, timeout: float) -> None:
         """Wait until the worker ``uid`` is among this proxy's choice of workers (connected),
         at most ``timeout`` seconds, or until the proxy stops taking calls.
 
@@ -1001,7 +1001,7 @@ class WorkerProxy(SingleUse):
             while uid not in self._ready and self._active:
                 await self._changed.wait()
 
-    def adopt_origin(self, origin: Origin) -> None:
+    def _adopt_origin(self, origin: Origin) -> None:
         """Carry ``origin`` (this proxy was rebuilt from it on a worker) in every call, and serve
         nested calls: the origin pool's own workers stay in use after their withdrawal (their
         pool is exiting and lets its calls finish) until their connections end."""

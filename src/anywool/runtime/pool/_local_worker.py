@@ -218,7 +218,7 @@ class LocalWorker(SingleUse):
         self._max_concurrency = None if max_concurrency is None else _validate.count(
             "max_concurrency", max_concurrency, upper=MAX_CONCURRENCY)
         self._process: Process | ForkedProcess | None = None
-        # A pool's warm template, which forks the worker (see fork_from).
+        # A pool's warm template, which forks the worker (see _fork_from).
         self._template: Template | None = None
         self._stdout: BufferedByteReceiveStream | None = None  # after the address: notices
         self._metadata: WorkerMetadata | None = None
@@ -242,7 +242,7 @@ class LocalWorker(SingleUse):
     def address(self) -> str:
         return self.metadata.address
 
-    def fork_from(self, template: Template | None) -> None:
+    def _fork_from(self, template: Template | None) -> None:
         """Have the worker forked from ``template`` (a pool's warm template, see
         :mod:`anywool.runtime.pool._template`) when it starts, if the template still runs and
         runs its backend; ``None``, or a template that cannot fork it: it starts as a process

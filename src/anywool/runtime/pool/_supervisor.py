@@ -300,10 +300,10 @@ class Supervisor:
         each change, how to end one that is stuck (:meth:`end_stuck`), and why none is left
         once every slot was given up. ``spawns``: whether the pool spawns workers at all."""
         self._proxy = proxy
-        proxy.set_own_workers(self._own)
-        proxy.serve_pool(spawns=spawns, end_worker=self.end_stuck)
+        proxy._set_own_workers(self._own)
+        proxy._serve_pool(spawns=spawns, end_worker=self.end_stuck)
         if self._given_up is not None:
-            proxy.slots_given_up(self._given_up)
+            proxy._slots_given_up(self._given_up)
 
     def begin_exit(self) -> None:
         """The pool's exit began: no worker starts, retires or is announced any more."""
@@ -346,7 +346,7 @@ class Supervisor:
             worker = self._new_worker(backend, tags)
             if started or replacing:
                 self._templates.want(backend)
-            worker.fork_from(self._templates.template)
+            worker._fork_from(self._templates.template)
             born = anyio.current_time()  # again once it is up
             try:
                 # The pool's exit (or a Ctrl-C) cancels a start under way: a worker's start
@@ -454,7 +454,7 @@ class Supervisor:
         ``worker``, so that its calls have somewhere to go before the worker it replaces stops
         taking them."""
         if self._proxy is not None:
-            await self._proxy.until_connected(worker.metadata.uid, self._startup_timeout)
+            await self._proxy._until_connected(worker.metadata.uid, self._startup_timeout)
 
     async def withdraw(self, worker: LocalWorker) -> None:
         """Announce ``worker-dropped`` for ``worker`` and no longer count it among the own."""
@@ -482,7 +482,7 @@ class Supervisor:
 
     def _own_changed(self) -> None:
         if self._proxy is not None:
-            self._proxy.set_own_workers(self._own)
+            self._proxy._set_own_workers(self._own)
 
     def _give_up_slot(self, failures: int, reason: BaseException | str) -> None:
         log.error("giving up a worker slot of %r after %d failed starts in a row; last: %s",
@@ -492,4 +492,4 @@ class Supervisor:
             self._given_up = (f"every worker slot of this pool was given up after {failures} "
                               f"failed starts in a row (the last: {reason})")
             if self._proxy is not None:
-                self._proxy.slots_given_up(self._given_up)
+                self._proxy._slots_given_up(self._given_up)

@@ -84,7 +84,7 @@ from anywool.runtime.wire._serializer import Buffer, Pickled
 from anywool.runtime.wire._stats import WorkerStats
 from anywool.runtime.wire._frames import CALL_ID_LIMIT, FrameError, Parts
 
-#: ``(key, pickled proxy)``: the pool a call tree started from (see :mod:`._nested`).
+#: ``(key, pickled proxy)``: the pool a call tree started from (see :mod:`anywool.runtime.worker._nested`).
 Origin = tuple[bytes, bytes]
 
 #: The payload of a ``NACK`` from a worker at its ``max_concurrency``.

@@ -82,7 +82,7 @@ def loads_exception(data: Buffer) -> BaseException:
     :raises KeyboardInterrupt: unpickling raised it, outside a worker (see
         :func:`~anywool.runtime.wire._serializer.take_interrupts_as_values`).
     """
-    exits = _serializer._UNPICKLING_EXITS  # read at each call: a worker widens it at start
+    exits = _serializer.UNPICKLING_EXITS  # read at each call: a worker widens it at start
     lost: list[str] = []
     try:
         body, degraded = pickle.loads(data)

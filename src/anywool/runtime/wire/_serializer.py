@@ -242,7 +242,7 @@ def loads(data: Buffer, buffers: Sequence[Buffer] = ()) -> Any:
     """
     try:
         return pickle.loads(data, buffers=buffers)
-    except _UNPICKLING_EXITS as exc:
+    except UNPICKLING_EXITS as exc:
         raise pickle.UnpicklingError(
             f"unpickling raised {type(exc).__name__}: {exc}") from exc
 
@@ -252,7 +252,7 @@ def loads(data: Buffer, buffers: Sequence[Buffer] = ()) -> Any:
 VALUE_FAILURES = (Exception, SystemExit, GeneratorExit)
 
 # What unpickling turns into UnpicklingError rather than let it end the process.
-_UNPICKLING_EXITS: tuple[type[BaseException], ...] = (SystemExit, GeneratorExit)
+UNPICKLING_EXITS: tuple[type[BaseException], ...] = (SystemExit, GeneratorExit)
 
 
 def take_interrupts_as_values() -> None:
@@ -260,8 +260,8 @@ def take_interrupts_as_values() -> None:
     process: a worker's, where SIGINT asks for a drain and never raises it, so that only a
     value's reducer can. A call's argument, a step's value or a thrown exception that raises it
     then fails that call alone, as any value that cannot be unpickled does."""
-    global _UNPICKLING_EXITS
-    _UNPICKLING_EXITS = (SystemExit, GeneratorExit, KeyboardInterrupt)
+    global UNPICKLING_EXITS
+    UNPICKLING_EXITS = (SystemExit, GeneratorExit, KeyboardInterrupt)
 
 
 def dumps_value(obj: object, routine: str, what: str, where: str = "") -> Pickled:

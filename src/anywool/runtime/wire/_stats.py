@@ -3,7 +3,7 @@
 :class:`WorkerStats` is what a caller gets (``await pool.stats()``,
 :meth:`WorkerConnection.stats <anywool.lowlevel.WorkerConnection.stats>`, ``anywool top``);
 :func:`memory` reads the worker's own resident set size. The counting itself lives where the
-calls are (``runtime._server``); the payload's codec in ``runtime._envelope``.
+calls are (``runtime.worker._server``); the payload's codec in ``runtime.wire._envelope``.
 
 No I/O here besides reading ``/proc/self/statm`` (a file of the kernel's, read without
 blocking), no event loop.

@@ -174,7 +174,7 @@ async def _accept(listener: SocketListener,
     # listens and binds, we accept). Closing the listener (_close_listener) stops accepting,
     # nothing else. Out of descriptors or memory, the worker waits for some to be freed (the
     # pending client stays in the backlog) and goes on serving what it has. With ``gate``, each
-    # connection authenticates first, within the gate's bounds (runtime._gatekeeper).
+    # connection authenticates first, within the gate's bounds (worker._gatekeeper).
     sock = listener.extra(SocketAttribute.raw_socket)
     warned = False
     while True:

@@ -182,7 +182,7 @@ class _Host:
                                        "called from", f" on worker {owner._where}")
         if not isinstance(proxy, WorkerProxy):
             raise TypeError(f"a call's origin must be the pickle of a WorkerProxy, got {proxy!r}")
-        proxy.adopt_origin(self._origin)
+        proxy._adopt_origin(self._origin)
         owner._hosts.setdefault(self._origin[0], self)
         scope = anyio.CancelScope()
         owner._running.add(scope)

@@ -198,7 +198,7 @@ class _ServerCall:
         self._step: Frame | None = None
         self._arrived: anyio.Event | None = None
 
-    # -- what the interrupter asks (see runtime._interrupt) ---------------------------------
+    # -- what the interrupter asks (see worker._interrupt) ---------------------------------
 
     def must_end(self) -> bool:
         return (self.cancelled or time.monotonic() >= self.deadline
@@ -564,7 +564,7 @@ class Server:
         plain: bool = False,
     ) -> None:
         """Run a coroutine routine, or (``plain``) a plain function, right here in the call's
-        task: a plain function holds the event loop until it returns (see runtime._interrupt
+        task: a plain function holds the event loop until it returns (see worker._interrupt
         for how it is cancelled meanwhile)."""
         try:
             if plain:
@@ -909,7 +909,7 @@ def _backend() -> str:
 
 
 async def _ended_by_its_scope() -> None:
-    """A routine was interrupted (runtime._interrupt) because its scope is cancelled or past
+    """A routine was interrupted (worker._interrupt) because its scope is cancelled or past
     its deadline: raise that cancellation here, as the routine's next checkpoint would have,
     so that the call ends as any cancelled call does.
 
