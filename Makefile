@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Tests mostly wait on processes and locks: three workers keep both cores busy.
 PYTEST_ARGS ?= -n 3
+# More arguments after those: .ci/run deselects with it (-m) under all but one Python.
+PYTEST_MORE ?=
 
 .PHONY: demo test docs bench clean
 
@@ -27,7 +29,7 @@ $(WHEELHOUSE)/.filled: pyproject.toml $(STAMP)
 	touch $@
 
 test: $(STAMP) $(WHEELHOUSE)/.filled
-	ANYWOOL_WHEELHOUSE=$(abspath $(WHEELHOUSE)) $(BIN)/python -m pytest $(PYTEST_ARGS)
+	ANYWOOL_WHEELHOUSE=$(abspath $(WHEELHOUSE)) $(BIN)/python -m pytest $(PYTEST_ARGS) $(PYTEST_MORE)
 
 $(VENV)/.docs-installed: pyproject.toml $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[docs]'
