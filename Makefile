@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# Tests mostly wait on processes and locks: three workers keep both cores busy.
-PYTEST_ARGS ?= -n 3
+# Tests mostly wait on processes and locks: three workers keep both cores busy. worksteal: a
+# worker that runs out takes half of the longest queue, where the default (load) leaves a batch
+# queued on one worker (the LAN tests, say) to run alone at the end.
+PYTEST_ARGS ?= -n 3 --dist worksteal
 # More arguments after those: .ci/run deselects with it (-m) under all but one Python.
 PYTEST_MORE ?=
 
