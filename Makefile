@@ -3,8 +3,12 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# Tests mostly wait on processes and locks: three workers keep both cores busy.
-PYTEST_ARGS ?= -n 3
+# Tests mostly wait on processes and locks: three workers keep both cores busy. worksteal: a
+# worker that runs out takes half of the longest queue, where the default (load) leaves a batch
+# queued on one worker (the LAN tests, say) to run alone at the end.
+PYTEST_ARGS ?= -n 3 --dist worksteal
+# More arguments after those: .ci/run deselects with it (-m) under all but one Python.
+PYTEST_MORE ?=
 
 .PHONY: demo test docs bench clean
 
@@ -26,8 +30,13 @@ $(WHEELHOUSE)/.filled: pyproject.toml $(STAMP)
 	rm -f $(WHEELHOUSE)/anywool-*.whl
 	touch $@
 
+# The sources are compiled to bytecode first (as for bench, below): where PYTHONDONTWRITEBYTECODE
+# is set, every interpreter the suite starts (each pool's template, each CLI run, each example)
+# would otherwise compile what it imports of anywool and of the tests again, about a fifth of the
+# CPU time of a test that starts a pool.
 test: $(STAMP) $(WHEELHOUSE)/.filled
-	ANYWOOL_WHEELHOUSE=$(abspath $(WHEELHOUSE)) $(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m compileall -q src tests
+	ANYWOOL_WHEELHOUSE=$(abspath $(WHEELHOUSE)) $(BIN)/python -m pytest $(PYTEST_ARGS) $(PYTEST_MORE)
 
 $(VENV)/.docs-installed: pyproject.toml $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[docs]'

@@ -48,6 +48,10 @@ def _cases() -> Iterator[object]:
         for block in blocks(relative, page.read_text()):
             for backend in block.backends:
                 marks = [pytest.mark.skip(reason=block.reason)] if block.marker == "skip" else []
+                if block.marker == "pytest":
+                    # A pytest project of its own using the plugin, as the pytest example in
+                    # tests/examples: CI runs these under one Python (see .ci/run).
+                    marks.append(pytest.mark.once_per_ci)
                 case_id = block.id if backend is None else f"{block.id}[{backend}]"
                 yield pytest.param(block, backend, id=case_id, marks=marks)
 

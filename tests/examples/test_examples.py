@@ -318,6 +318,10 @@ async def test_a_caller_finds_the_workers_a_lan_host_announces(
 # -- test_with_anywool.py ------------------------------------------------------------------------
 
 
+# What this adds to tests/unit/test_testing_plugin.py and the integration tests that use the
+# plugin's fixtures under every Python: a project of its own, its pytest.ini, the plugin found
+# through its entry point. CI runs it under 3.11 only.
+@pytest.mark.once_per_ci
 async def test_the_pytest_example_passes_in_a_project_of_its_own(
         tmp_path: Path, anyio_backend: str) -> None:
     # As in a user's project: the file at its root, the backends in its pytest configuration.
