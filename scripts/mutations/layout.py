@@ -57,4 +57,31 @@ MUTATIONS: list[Mutation] = [
                "test_no_module_reads_a_private_name_through_another_module",),
         why="no module leans on another module's private names",
     ),
+    # Paths counted from a module's own depth, which a move changes (as it once did).
+    Mutation(
+        name="interrupter-machinery-counted-from-its-own-folder",
+        path="src/anywool/runtime/worker/_interrupt.py",
+        old='    roots = [os.path.join(PACKAGE, "runtime") + os.sep,',
+        new="    roots = [os.path.dirname(os.path.abspath(__file__)) + os.sep,",
+        tests=("tests/unit/test_location.py",),
+        why="an interruption is never raised into anywool's own code",
+    ),
+    Mutation(
+        name="worker-path-counted-from-its-own-folder",
+        path="src/anywool/runtime/pool/_local_worker.py",
+        old='            [IMPORT_ROOT, *filter(None, [env.get("PYTHONPATH")])]',
+        new='            [str(Path(__file__).resolve().parents[2]), '
+            '*filter(None, [env.get("PYTHONPATH")])]',
+        tests=("tests/integration/test_pool_imports.py::test_workers_and_the_template_import_this_anywool_first",),
+        why="a worker imports the anywool of its pool, and nothing of it as top-level modules",
+    ),
+    Mutation(
+        name="template-path-counted-from-its-own-folder",
+        path="src/anywool/runtime/pool/_template.py",
+        old='[IMPORT_ROOT, *filter(None, [env.get("PYTHONPATH")])]',
+        new='[os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), '
+            '*filter(None, [env.get("PYTHONPATH")])]',
+        tests=("tests/integration/test_pool_imports.py::test_workers_and_the_template_import_this_anywool_first",),
+        why="the template imports the anywool of its pool",
+    ),
 ]

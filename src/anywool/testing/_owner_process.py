@@ -20,7 +20,6 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
-from pathlib import Path
 from typing import IO
 
 import anyio
@@ -94,10 +93,11 @@ def _check(namespace: object, spawn: object, backend: object, env: Mapping[str, 
 
 
 def _child_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    from anywool._location import IMPORT_ROOT  # here: importing the plugin imports no more
+
     child = {**os.environ, **(env or {})}
     # The anywool this process runs, also when it runs from a source tree.
-    package_root = str(Path(__file__).resolve().parents[2])
-    child["PYTHONPATH"] = os.pathsep.join([package_root,
+    child["PYTHONPATH"] = os.pathsep.join([IMPORT_ROOT,
                                            *filter(None, [child.get("PYTHONPATH")])])
     return child
 

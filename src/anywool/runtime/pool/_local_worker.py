@@ -32,6 +32,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from anywool import _secret, _validate
 from anywool._address import Address
 from anywool._duration import seconds
+from anywool._location import IMPORT_ROOT
 from anywool._owner import SingleUse
 from anywool._teardown import graceful_then_forceful
 from anywool.errors import WorkerError
@@ -253,7 +254,6 @@ class LocalWorker(SingleUse):
     async def __aenter__(self) -> LocalWorker:
         self._enter_once()
         backend = self._backend or current_backend()
-        package_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env[SYS_PATH_ENV] = json.dumps([p for p in sys.path if isinstance(p, str)])
         env[PARENT_PID_ENV] = str(os.getpid())  # its lifeline watches us (see _lifeline)
@@ -266,7 +266,7 @@ class LocalWorker(SingleUse):
         if self._namespace is not None and "\0" not in self._namespace:
             env[NAMESPACE_ENV] = self._namespace
         env["PYTHONPATH"] = os.pathsep.join(
-            [package_root, *filter(None, [env.get("PYTHONPATH")])]
+            [IMPORT_ROOT, *filter(None, [env.get("PYTHONPATH")])]
         )
         command = [sys.executable, "-m", "anywool.worker", "--backend", backend]
         if self._bind is None:

@@ -45,6 +45,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
+from anywool._location import IMPORT_ROOT
 from anywool.runtime.pool._template_frames import Frames, ancillary_space, encode, rights
 
 if TYPE_CHECKING:
@@ -216,10 +217,8 @@ class Template:
         if not (hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")):
             raise TemplateUnavailable("no pidfds here")
         # As LocalWorker starts a worker: this anywool importable, whatever sys.path says.
-        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
-            __file__))))
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
+        env["PYTHONPATH"] = os.pathsep.join([IMPORT_ROOT, *filter(None, [env.get("PYTHONPATH")])])
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with anyio.CancelScope(shield=True):  # recorded before a cancellation is taken

@@ -45,6 +45,8 @@ from typing import Any, Protocol
 import anyio
 import sniffio
 
+from anywool._location import PACKAGE
+
 #: Seconds between heartbeats, and between the watchdog's looks.
 PERIOD = 0.05
 #: Seconds without a heartbeat after which the loop counts as held.
@@ -114,11 +116,10 @@ def _machinery_roots() -> tuple[str, ...]:
     """Where the code lives that an interruption must never cut halfway: anywool's runtime and
     discovery, AnyIO, sniffio, the backend, the event loop and the import system of the
     standard library."""
-    here = os.path.dirname(os.path.abspath(__file__))  # anywool/runtime
-    package = os.path.dirname(here)
     stdlib = os.path.dirname(os.path.abspath(os.__file__))
     # asyncio by where it is, not imported: a trio worker would pay ~20 ms for its import.
-    roots = [here + os.sep, os.path.join(package, "discovery") + os.sep,
+    roots = [os.path.join(PACKAGE, "runtime") + os.sep,
+             os.path.join(PACKAGE, "discovery") + os.sep,
              os.path.join(stdlib, "asyncio") + os.sep]
     for module in (anyio, sniffio, *(sys.modules.get(name) for name in
                                      ("asyncio", "trio", "outcome"))):
