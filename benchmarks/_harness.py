@@ -240,7 +240,13 @@ def measure_plan(
     on one framework's figures only. A pair that fails once is dropped from later rounds.
     """
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     samples: dict[str, list[dict[str, Any]]] = {}
     failures: dict[str, str] = {}

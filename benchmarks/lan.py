@@ -75,8 +75,9 @@ def _certificates(where: str) -> Any:
 async def _round_trips(calls: int) -> dict[str, list[int]]:
     from contextlib import AsyncExitStack
 
-    import anywool
     import routines
+
+    import anywool
 
     secret = secrets.token_bytes(32)
     with tempfile.TemporaryDirectory() as where:

@@ -70,8 +70,9 @@ async def _start(peer: str, workers: int) -> float:
     sys.path.insert(0, str(HERE))
     began = time.perf_counter()
     if peer.startswith("anywool"):
-        import anywool
         import routines
+
+        import anywool
 
         async with anywool.WorkerPool(spawn=workers):
             async with anyio.create_task_group() as tg:
@@ -121,9 +122,9 @@ async def _replacement(warm: bool) -> dict[str, Any]:
 
 async def _recycle(warm: bool) -> dict[str, Any]:
     import anyio
+    import routines
 
     import anywool
-    import routines
 
     calls = failures = 0
     async with anywool.WorkerPool(spawn=2) as pool:
@@ -156,9 +157,9 @@ async def _recycle(warm: bool) -> dict[str, Any]:
 
 async def _max_calls(bound: int | None) -> dict[str, Any]:
     import anyio
+    import routines
 
     import anywool
-    import routines
 
     total, callers = 4000, 16
     async with anywool.WorkerPool(spawn=2, max_calls=bound) as pool:
@@ -182,8 +183,9 @@ def _child(kind: str, peer: str, backend: str) -> None:
     # Every peer's modules imported before anything is timed (as in a program that has run
     # for a while): the figures are the workers' start, not the caller's imports.
     if peer.startswith("anywool"):
-        import anywool.runtime.pool._pool  # noqa: F401
         import routines  # noqa: F401
+
+        import anywool.runtime.pool._pool  # noqa: F401
     elif peer == "to_process":
         import anyio.to_process  # noqa: F401
         import sync_routines  # noqa: F401

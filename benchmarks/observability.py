@@ -150,8 +150,9 @@ def _spanned(echo: Callable[[int], Awaitable[Any]], tracer: Any
 
 async def _dispatch(pool_options: dict[str, Any], calls: int,
                     throughput_calls: int) -> dict[str, Any]:
-    import anywool
     from observability_routines import echo
+
+    import anywool
 
     tracer = getattr(sys.modules["observability_setup"], "user_tracer", None)
     call = echo if tracer is None else _spanned(echo, tracer)
@@ -189,7 +190,6 @@ async def _flood_with_echo(lines: int, made: bool, every: int
     """The flood of ``lines`` and, meanwhile, ``echo`` after ``echo`` on the same worker:
     (the echoes' round trips in ns, the flood's wall time in s, the caller's CPU time in s)."""
     import anyio
-
     from observability_routines import echo, flood
 
     done = anyio.Event()
@@ -212,8 +212,9 @@ async def _flood_with_echo(lines: int, made: bool, every: int
 
 async def _flood(pool_options: dict[str, Any], calls: int, lines: int, made: bool,
                  every: int) -> dict[str, Any]:
-    import anywool
     from observability_routines import FLOOD_LOGGER, echo
+
+    import anywool
 
     counter = _Count()
     for name, level in ((FLOOD_LOGGER, logging.INFO), ("anywool.output", logging.WARNING)):
@@ -268,9 +269,8 @@ def _spans_exported() -> int | None:
 def _child(label: str, backend: str, calls: int, throughput_calls: int, lines: int,
            out: str) -> int:
     # First of all: OpenTelemetry as $ANYWOOL_BENCH_OTEL says (blocked, imported, configured).
-    import observability_setup  # noqa: F401
-
     import anyio
+    import observability_setup  # noqa: F401
 
     import anywool
 

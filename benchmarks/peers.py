@@ -91,8 +91,9 @@ Echo = Callable[[int], Awaitable[Any]]
 
 @asynccontextmanager
 async def _anywool(workers: int, fresh: bool) -> AsyncIterator[Echo]:
-    import anywool
     import routines
+
+    import anywool
 
     async with anywool.WorkerPool(spawn=workers):
         yield routines.echo

@@ -58,8 +58,9 @@ CHILD_TIMEOUT = 600.0  # seconds for one child run before it is killed (failure 
 def _framework(name: str) -> tuple[Callable[[], AbstractAsyncContextManager[Any]], Any, Any]:
     """(pool factory, echo routine, stream routine) for ``name``."""
     if name == "anywool":
-        import anywool
         import routines
+
+        import anywool
 
         return (lambda: anywool.WorkerPool(spawn=SPAWN)), routines.echo, routines.stream
     if name == "wool":

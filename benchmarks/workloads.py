@@ -185,8 +185,9 @@ class Form:
 
 @asynccontextmanager
 async def _anywool() -> AsyncIterator[dict[str, Form]]:
-    import anywool
     import workload_jobs as jobs
+
+    import anywool
 
     routine_of = {
         jobs.hash_file: jobs.hash_file_routine,

@@ -7,9 +7,9 @@ import inspect
 import logging
 import os
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import anyio
 import pytest

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ipaddress
 
-
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 
 

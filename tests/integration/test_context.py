@@ -9,8 +9,8 @@ import pytest
 
 import anywool
 from anywool import SerializationError, routine
-from anywool.testing import WorkerPoolFactory
 from anywool.lowlevel import WorkerConnection
+from anywool.testing import WorkerPoolFactory
 
 pytestmark = pytest.mark.anyio
 

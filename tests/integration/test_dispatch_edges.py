@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-from contextlib import aclosing
-from pathlib import Path
 import signal
 import subprocess
 import sys
+from contextlib import aclosing
+from pathlib import Path
 
 import anyio
 import anyio.lowlevel
@@ -25,8 +25,16 @@ from anywool.runtime.client._call import CallNotDelivered
 from anywool.runtime.client._connection import WorkerConnection
 from anywool.runtime.wire._frames import FrameStream
 
-from ..helpers import (call_payload, exception_of, follow, result_of, step_payload, take, wait_until,
-                       worker_frames)
+from ..helpers import (
+    call_payload,
+    exception_of,
+    follow,
+    result_of,
+    step_payload,
+    take,
+    wait_until,
+    worker_frames,
+)
 
 pytestmark = pytest.mark.anyio
 

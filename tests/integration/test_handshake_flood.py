@@ -19,12 +19,12 @@ import pytest
 import trustme
 
 from anywool._address import Address
-from anywool.lowlevel import WorkerConnection
 from anywool._tls import MutualTLS
+from anywool.lowlevel import WorkerConnection
+from anywool.runtime._routine import routine
+from anywool.runtime.pool._local_worker import LocalWorker
 from anywool.runtime.wire._auth import Credentials
 from anywool.runtime.worker._gatekeeper import MAX_PENDING_HANDSHAKES, PENDING_HANDSHAKE_TIMEOUT
-from anywool.runtime.pool._local_worker import LocalWorker
-from anywool.runtime._routine import routine
 
 from ..helpers import wait_until
 from .children import Child, start, stop

@@ -17,9 +17,9 @@ import anywool
 from anywool import routine
 from anywool.errors import PayloadTooLarge
 from anywool.lowlevel import WorkerConnection
-from anywool.runtime.wire import _envelope, _serializer
 from anywool.runtime.pool._local_worker import LocalWorker
 from anywool.runtime.pool._pool import WorkerPool
+from anywool.runtime.wire import _envelope, _serializer
 from anywool.runtime.wire._frames import payload_limit
 
 from ..helpers import Signal, wait_until

@@ -13,10 +13,10 @@ import pytest
 
 from anywool.discovery.local import LocalDiscovery
 from anywool.errors import RoutineCancelled
+from anywool.runtime._routine import routine
 from anywool.runtime.client._connection import WorkerConnection
 from anywool.runtime.pool._local_worker import LocalWorker
 from anywool.runtime.pool._pool import WorkerPool
-from anywool.runtime._routine import routine
 
 from ..helpers import Signal
 from .routines import hold_until_cancelled

@@ -54,8 +54,8 @@ async def test_workers_and_the_template_import_this_anywool_first(
     # starts, its template and each worker, forked or not; the package's own directory never
     # goes on a path (it would make its modules importable as "errors", "worker", ...).
     from anywool import LocalWorker, WorkerPool, routine
-    from anywool.lowlevel import WorkerConnection
     from anywool._location import IMPORT_ROOT, PACKAGE
+    from anywool.lowlevel import WorkerConnection
 
     @routine
     async def where() -> tuple[str, list[str]]:

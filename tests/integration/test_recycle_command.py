@@ -19,10 +19,10 @@ import pytest
 
 from anywool.discovery.local import LocalDiscovery
 from anywool.errors import AuthenticationError
-from anywool.runtime.wire import _auth
 from anywool.runtime.client._connection import WorkerConnection
 from anywool.runtime.pool._local_worker import LocalWorker
 from anywool.runtime.pool._pool import POOL_EXTRA, WorkerPool
+from anywool.runtime.wire import _auth
 
 from .children import REPO, stop
 from .routines import whoami

@@ -9,16 +9,21 @@ from contextlib import aclosing
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import psutil
 import pytest
-
-import anyio.abc
 
 from anywool import LocalWorker, WorkerError, WorkerPool, routine
 from anywool._address import Address
 from anywool.lowlevel import WorkerConnection
 from anywool.runtime.wire._auth import Credentials
-from anywool.runtime.wire._frames import DEFAULT_MAX_FRAME_SIZE, Frame, FrameError, FrameStream, Kind
+from anywool.runtime.wire._frames import (
+    DEFAULT_MAX_FRAME_SIZE,
+    Frame,
+    FrameError,
+    FrameStream,
+    Kind,
+)
 
 from ..helpers import Signal, call_payload, exception_of, step_payload, wait_until, worker_frames
 
@@ -329,8 +334,8 @@ async def test_a_step_whose_send_fails_on_a_connection_left_open_fails_not_waits
 
     from anyio.abc import SocketAttribute
 
-    from anywool.runtime.wire import _envelope, _serializer
     from anywool.runtime.client._call import drive_stream
+    from anywool.runtime.wire import _envelope, _serializer
 
     path = str(tmp_path / "fake.sock")  # (short enough for sun_path under pytest's tmp)
     with anyio.fail_after(20):

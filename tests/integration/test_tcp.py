@@ -17,14 +17,14 @@ import trustme
 
 from anywool import _interfaces
 from anywool._address import Address
+from anywool._tls import MutualTLS
 from anywool.discovery.local import LocalDiscovery
 from anywool.errors import AuthenticationError, NoWorkersAvailable
 from anywool.lowlevel import WorkerConnection
-from anywool._tls import MutualTLS
-from anywool.runtime.wire._auth import Credentials
+from anywool.runtime._routine import routine
 from anywool.runtime.pool._local_worker import LocalWorker
 from anywool.runtime.pool._pool import WorkerPool
-from anywool.runtime._routine import routine
+from anywool.runtime.wire._auth import Credentials
 from anywool.runtime.wire._frames import Frame, FrameStream, Kind
 
 from ..helpers import Touch, call_payload

@@ -38,9 +38,9 @@ from opentelemetry.util._once import Once  # noqa: E402
 from anywool import run_sync  # noqa: E402
 from anywool.errors import RoutineCancelled  # noqa: E402
 from anywool.runtime import _telemetry  # noqa: E402
-from anywool.runtime.pool._pool import WorkerPool  # noqa: E402
-from anywool.runtime.client._proxy import WorkerProxy  # noqa: E402
 from anywool.runtime._routine import routine  # noqa: E402
+from anywool.runtime.client._proxy import WorkerProxy  # noqa: E402
+from anywool.runtime.pool._pool import WorkerPool  # noqa: E402
 
 from ..helpers import Signal, wait_until  # noqa: E402
 from .otel_points import points  # noqa: E402

@@ -4,7 +4,6 @@ from this one. (The LAN variant is in tests/lan.)"""
 from __future__ import annotations
 
 import contextlib
-
 import re
 import secrets
 import signal

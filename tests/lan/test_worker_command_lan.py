@@ -17,7 +17,6 @@ from anywool.discovery.lan import LanDiscovery
 from anywool.errors import AuthenticationError
 from anywool.runtime.pool._pool import WorkerPool
 from anywool.runtime.wire._frames import Frame, FrameStream, Kind
-
 from tests import netns
 from tests.helpers import Touch, call_payload, follow, wait_until
 from tests.integration.children import Child, start, stop

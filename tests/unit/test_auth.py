@@ -23,9 +23,9 @@ import trustme
 from anyio.abc import ByteStream, SocketAttribute, SocketStream
 from anyio.streams.tls import TLSAttribute, TLSStream
 
+from anywool._tls import MutualTLS
 from anywool.errors import AuthenticationError, WorkerError
 from anywool.runtime.wire import _auth
-from anywool._tls import MutualTLS
 from anywool.runtime.wire._auth import Credentials, authenticate_client, authenticate_server
 from anywool.runtime.wire._frames import Frame, FrameStream, Kind
 

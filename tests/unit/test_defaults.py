@@ -20,10 +20,9 @@ import pytest
 from anywool import LocalDiscovery, WorkerPool, WorkerProxy
 from anywool.discovery import _hub
 from anywool.discovery.local import _claim
-from anywool.runtime.worker import _contract, _gatekeeper, _interrupt, _main, _nested
 from anywool.runtime.pool import _local_worker, _pool, _supervisor
-from anywool.testing import _pools, _settle
-from anywool.testing import hold_registry_lock, owner_process
+from anywool.runtime.worker import _contract, _gatekeeper, _interrupt, _main, _nested
+from anywool.testing import _pools, _settle, hold_registry_lock, owner_process
 
 
 def _default(callable_: Callable[..., object], parameter: str) -> object:

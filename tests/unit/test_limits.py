@@ -27,7 +27,8 @@ from anywool import (
     _runtime_dir,
     _secret,
 )
-from anywool.cli._worker_command import read_secret, worker as worker_command
+from anywool.cli._worker_command import read_secret
+from anywool.cli._worker_command import worker as worker_command
 from anywool.discovery.local import _claim
 from anywool.metadata import WorkerMetadata
 from anywool.runtime.wire import _frames

@@ -13,11 +13,11 @@ import cloudpickle
 import pytest
 
 from anywool import (
-    DiscoveryRegistryCorrupt,
     DiscoveryBlockExhausted,
     DiscoveryCapacityExhausted,
     DiscoveryNamespaceInUse,
     DiscoveryNamespaceNotFound,
+    DiscoveryRegistryCorrupt,
     DiscoverySubscriberLike,
     DiscoveryWorkerNotFound,
     LocalDiscovery,

@@ -12,8 +12,8 @@ import msgpack
 import pytest
 
 from anywool import OutputLine
-from anywool.runtime.wire import _envelope as envelope
 from anywool.runtime import _output
+from anywool.runtime.wire import _envelope as envelope
 from anywool.runtime.wire._frames import FrameError
 
 from ..helpers import Records

@@ -8,8 +8,8 @@ import pickle
 import pytest
 
 from anywool.runtime.wire import _envelope
-from anywool.runtime.wire._serializer import Pickled, dump, dumps, loads, loads_value
 from anywool.runtime.wire._frames import FrameError
+from anywool.runtime.wire._serializer import Pickled, dump, dumps, loads, loads_value
 
 BIG = 256 * 1024
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from anywool.cli._recycle_command import _POOL_EXTRA
+from anywool.runtime.pool._pool import POOL_EXTRA
 from anywool.runtime.wire._envelope import (
     MAX_REFUSAL,
     decode_recycle_answer,
     encode_recycle_answer,
 )
-from anywool.runtime.pool._pool import POOL_EXTRA
 from anywool.runtime.wire._frames import FrameError
 
 

@@ -21,7 +21,6 @@ from anywool.discovery.local import _binding, _claim, _keys, _layout
 from ..helpers import colliding_names, worker
 
 
-
 @contextlib.contextmanager
 def _owned_and_bound(namespace: str, *, capacity: int,
                      block_size: int) -> Iterator[tuple[_claim.Claim, _binding.Binding,

@@ -8,9 +8,9 @@ import anyio
 import pytest
 
 from anywool.errors import DiscoveryNamespaceNotFound, NoWorkersAvailable
-from anywool.runtime.pool._local_worker import LocalWorker
-from anywool.runtime.client._proxy import WorkerProxy
 from anywool.runtime._routine import is_routine, routine, routine_body
+from anywool.runtime.client._proxy import WorkerProxy
+from anywool.runtime.pool._local_worker import LocalWorker
 from tests.unit._fakes import FailingSubscriber, FakeDiscovery
 
 pytestmark = pytest.mark.anyio

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import gc
-from contextlib import aclosing
 import os
 import pickle
 import select
 import threading
 import uuid
+from contextlib import aclosing
 
 import anyio
 import pytest

@@ -14,8 +14,8 @@ from anyio.abc import SocketAttribute
 
 from anywool._address import Address
 from anywool.runtime.wire import _socket
-from anywool.runtime.wire._socket import SocketStream
 from anywool.runtime.wire._frames import Frame, FrameStream, Kind
+from anywool.runtime.wire._socket import SocketStream
 
 pytestmark = pytest.mark.anyio
 

@@ -9,8 +9,8 @@ import pytest
 
 from anywool import WorkerStats
 from anywool.runtime.wire._envelope import decode_stats, encode_stats
-from anywool.runtime.wire._stats import memory
 from anywool.runtime.wire._frames import FrameError
+from anywool.runtime.wire._stats import memory
 
 STATS = WorkerStats(41, "asyncio", "3.12.1", "0.1.0", 4, 1, 10, 7, 2, 1, 2.5, 10.0, 1 << 20,
                     False)

@@ -21,8 +21,8 @@ from rich.table import Table
 
 from anywool._address import Address
 from anywool._demo import FileDigest, Tally, digest, regular_files, sha256_of
-from anywool.runtime.pool._pool import WorkerPool
 from anywool.runtime._routine import run_sync
+from anywool.runtime.pool._pool import WorkerPool
 
 __all__ = ["demo"]
 

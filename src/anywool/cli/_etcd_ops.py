@@ -29,10 +29,10 @@ import click
 from anywool.metadata import WorkerMetadata
 
 if TYPE_CHECKING:
+    from anywool._tls import MutualTLS
     from anywool.discovery._protocols import DiscoverySubscriberLike
     from anywool.discovery.etcd import EtcdDiscovery
     from anywool.discovery.etcd._gateway import Gateway
-    from anywool._tls import MutualTLS
 
 __all__ = [
     "DEFAULT_ENDPOINT",
@@ -114,8 +114,8 @@ class EtcdCluster:
         :raises click.UsageError: a value the library refuses, or a certificate without its CA
             (the message names the option).
         """
-        from anywool.discovery.etcd import _config
         from anywool._tls import MutualTLS
+        from anywool.discovery.etcd import _config
 
         endpoints = etcd or (_config.DEFAULT_ENDPOINT,)
         try:

@@ -39,6 +39,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from anywool._tls import MutualTLS
 from anywool.cli._etcd_ops import EtcdCluster, cluster_for_reading, etcd_options, read_namespace
 from anywool.cli._ops import (
     TABLE_STYLE,
@@ -60,10 +61,9 @@ from anywool.errors import (
     WorkerError,
 )
 from anywool.metadata import WorkerMetadata
-from anywool._tls import MutualTLS
 from anywool.runtime.wire import _auth
-from anywool.runtime.wire._stats import WorkerStats
 from anywool.runtime.wire._frames import FrameError
+from anywool.runtime.wire._stats import WorkerStats
 
 __all__ = ["top"]
 

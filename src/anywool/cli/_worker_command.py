@@ -51,6 +51,7 @@ import anyio
 import click
 
 from anywool import _interfaces, _secret
+from anywool._tls import MutualTLS
 from anywool.cli._etcd_ops import DEFAULT_ENDPOINT, EtcdCluster, etcd_options, given_options
 from anywool.errors import (
     DiscoveryNamespaceInUse,
@@ -59,7 +60,6 @@ from anywool.errors import (
     DiscoveryUnavailable,
     WorkerError,
 )
-from anywool._tls import MutualTLS
 from anywool.runtime.pool._pool import MAX_SPAWN, WorkerPool
 
 __all__ = ["worker"]

@@ -14,7 +14,6 @@ from anywool.discovery._protocols import DiscoveryEvent, DiscoverySubscriberLike
 from anywool.metadata import WorkerMetadata
 
 
-
 class afilter:
     """Filter a subscriber's events through ``predicate``, tracking membership per worker.
 

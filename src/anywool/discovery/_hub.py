@@ -38,11 +38,10 @@ import anyio.to_thread
 from anywool import _runtime_dir
 from anywool._runtime_dir import runtime_dir
 from anywool.discovery import _view
-from anywool.discovery.local import _binding, _keys, _layout, _watch
 from anywool.discovery._protocols import DiscoveryEvent
+from anywool.discovery.local import _binding, _keys, _layout, _watch
 from anywool.errors import DiscoveryError, DiscoveryNamespaceNotFound, DiscoveryRegistryCorrupt
 from anywool.metadata import WorkerMetadata
-
 
 log = logging.getLogger(__name__)
 

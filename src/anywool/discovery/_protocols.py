@@ -11,7 +11,6 @@ from typing import Literal, Protocol, TypeAlias, get_args, runtime_checkable
 
 from anywool.metadata import WorkerMetadata
 
-
 DiscoveryEventType: TypeAlias = Literal["worker-added", "worker-dropped", "worker-updated"]
 EVENT_TYPES: frozenset[str] = frozenset(get_args(DiscoveryEventType))
 

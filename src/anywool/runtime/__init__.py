@@ -8,13 +8,13 @@ if TYPE_CHECKING:
     from anywool._tls import MutualTLS
     from anywool.runtime._context import ContextVar
     from anywool.runtime._lifespan import WorkerInfo, current_worker
-    from anywool.runtime.client._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
-    from anywool.runtime.pool._local_worker import LocalWorker
     from anywool.runtime._output import OutputLine
-    from anywool.runtime.pool._pool import WorkerPool
+    from anywool.runtime._routine import RoutineTask, current_task, routine, run_sync
+    from anywool.runtime.client._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
     from anywool.runtime.client._proxy import WorkerProxy
     from anywool.runtime.client._resolve import Factory, resolved
-    from anywool.runtime._routine import RoutineTask, current_task, routine, run_sync
+    from anywool.runtime.pool._local_worker import LocalWorker
+    from anywool.runtime.pool._pool import WorkerPool
     from anywool.runtime.wire._serializer import SerializationWarning
     from anywool.runtime.wire._stats import WorkerStats
 

@@ -50,8 +50,8 @@ from anywool.runtime.wire._envelope import (
     OUTPUT_RECORD,
     OutputEntry,
 )
-from anywool.runtime.wire._peer import PEER_GONE
 from anywool.runtime.wire._frames import Frame, FrameError, FrameStream, Kind
+from anywool.runtime.wire._peer import PEER_GONE
 
 log = logging.getLogger("anywool.output")
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
-from dataclasses import dataclass
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar, TypeVarTuple, Unpack, overload
 
 P = ParamSpec("P")

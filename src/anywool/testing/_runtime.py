@@ -21,7 +21,6 @@ import pytest
 from anywool.testing._settle import GRACE, settle
 
 
-
 def make_runtime_dir() -> Path:
     """Create a fresh, private (``0700``) directory with a short path, and return it.
 

@@ -25,8 +25,11 @@ from __future__ import annotations
 import ipaddress
 from uuid import UUID
 
-from zeroconf import ServiceInfo, Zeroconf
-from zeroconf import DNSOutgoing  # pyright: ignore[reportPrivateImportUsage]
+from zeroconf import (
+    DNSOutgoing,  # pyright: ignore[reportPrivateImportUsage]
+    ServiceInfo,
+    Zeroconf,
+)
 from zeroconf.const import _FLAGS_AA, _FLAGS_QR_RESPONSE
 
 from anywool._address import Address

@@ -16,8 +16,8 @@ import shutil
 import struct
 import time
 from collections.abc import Callable
-from typing import NamedTuple
 from pathlib import Path
+from typing import NamedTuple
 from uuid import UUID
 
 from anywool._runtime_dir import runtime_dir
@@ -37,10 +37,16 @@ from anywool.discovery.local._flock import (
     open_file,
     probe_free,
     try_lock,
-    unlock,
     unlink_quietly,
+    unlock,
 )
-from anywool.discovery.local._keys import MAX_NAME_BYTES, NAME_FILE, encode_name, namespace_digest, namespace_path
+from anywool.discovery.local._keys import (
+    MAX_NAME_BYTES,
+    NAME_FILE,
+    encode_name,
+    namespace_digest,
+    namespace_path,
+)
 from anywool.discovery.local._layout import (
     COUNTER_OFFSET,
     EMPTY_UID,
@@ -55,6 +61,7 @@ from anywool.discovery.local._layout import (
     reserve,
 )
 from anywool.errors import DiscoveryNamespaceInUse
+
 
 class Claim(Generation):
     """An owner's hold on one generation of a namespace (``ns-<key>/``).

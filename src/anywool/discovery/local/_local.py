@@ -36,7 +36,6 @@ from anywool._duration import seconds
 from anywool._owner import SingleUse, exit_task_group
 from anywool._teardown import graceful_then_forceful
 from anywool.discovery import _hub
-from anywool.discovery.local import _binding, _claim, _layout
 from anywool.discovery._filter import afilter
 from anywool.discovery._protocols import (
     Discovery,
@@ -46,6 +45,7 @@ from anywool.discovery._protocols import (
     PredicateFunction,
     check_event,
 )
+from anywool.discovery.local import _binding, _claim, _layout
 from anywool.errors import DiscoveryError, DiscoveryNamespaceNotFound
 from anywool.metadata import WorkerMetadata
 

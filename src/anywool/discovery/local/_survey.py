@@ -36,8 +36,7 @@ from anywool.discovery.local._claim import (
     sweep_leftovers,
     too_young,
 )
-from anywool.discovery.local._flock import close_quietly, locked, open_dir, open_file, \
-    owner_alive
+from anywool.discovery.local._flock import close_quietly, locked, open_dir, open_file, owner_alive
 from anywool.discovery.local._keys import namespace_digest, namespace_path
 from anywool.discovery.local._layout import (
     EMPTY_UID,

@@ -56,16 +56,16 @@ import anyio
 import anyio.lowlevel
 
 from anywool.errors import PayloadTooLarge, RoutineCancelled, SerializationError, WorkerError
+from anywool.runtime import _context, _output, _telemetry
+from anywool.runtime.client import _ctrl_c
+from anywool.runtime.client._wakeup import Wakeup
 from anywool.runtime.wire import _envelope as envelope
 from anywool.runtime.wire import _exceptions
 from anywool.runtime.wire import _serializer as serializer
-from anywool.runtime import _context, _output, _telemetry
-from anywool.runtime.client import _ctrl_c
 from anywool.runtime.wire._envelope import Step
-from anywool.runtime.wire._serializer import Pickled
-from anywool.runtime.wire._peer import PEER_GONE
-from anywool.runtime.client._wakeup import Wakeup
 from anywool.runtime.wire._frames import Frame, FrameError, Kind, Parts, payload_limit
+from anywool.runtime.wire._peer import PEER_GONE
+from anywool.runtime.wire._serializer import Pickled
 
 if TYPE_CHECKING:
     from anywool.runtime.client._connection import WorkerConnection

@@ -25,20 +25,13 @@ from typing import Any
 import anyio
 from anyio.abc import ByteStream, TaskGroup
 
+from anywool import _secret
 from anywool._address import Address
 from anywool._owner import SingleUse, exit_task_group
-from anywool import _secret
 from anywool.errors import AuthenticationError, PayloadTooLarge, WorkerError
-from anywool.runtime.wire import _auth, _socket
 from anywool.runtime import _output, _telemetry
-from anywool.runtime.client import _wakeup
-from anywool.runtime.wire import _envelope as envelope
-from anywool.runtime.wire import _serializer as serializer
-from anywool.runtime.wire._envelope import CallRequest, Origin
-from anywool.runtime.wire._serializer import Buffer
-from anywool.runtime.wire._stats import WorkerStats
-from anywool.runtime.wire._peer import PEER_GONE
 from anywool.runtime._routine import running_task
+from anywool.runtime.client import _wakeup
 from anywool.runtime.client._call import (
     TERMINAL,
     Call,
@@ -47,6 +40,10 @@ from anywool.runtime.client._call import (
     seconds_left,
 )
 from anywool.runtime.client._wakeup import Wakeup
+from anywool.runtime.wire import _auth, _socket
+from anywool.runtime.wire import _envelope as envelope
+from anywool.runtime.wire import _serializer as serializer
+from anywool.runtime.wire._envelope import CallRequest, Origin
 from anywool.runtime.wire._frames import (
     DEFAULT_MAX_FRAME_SIZE,
     Frame,
@@ -57,6 +54,9 @@ from anywool.runtime.wire._frames import (
     payload_limit,
     shut_down,
 )
+from anywool.runtime.wire._peer import PEER_GONE
+from anywool.runtime.wire._serializer import Buffer
+from anywool.runtime.wire._stats import WorkerStats
 
 # Named as before the runtime was split by side: users configure logging by this name.
 log = logging.getLogger("anywool.runtime._connection")

@@ -31,23 +31,23 @@ from anyio.abc import TaskGroup
 from anywool import _validate
 from anywool._duration import seconds
 from anywool._owner import SingleUse, exit_task_group
+from anywool._tls import MutualTLS
 from anywool.discovery import DiscoveryEvent, DiscoverySubscriberLike, afilter
 from anywool.errors import AuthenticationError, NoWorkersAvailable, WorkerError
 from anywool.metadata import WorkerMetadata
-from anywool._tls import MutualTLS
-from anywool.runtime.wire import _auth
 from anywool.runtime import _output, _telemetry
-from anywool.runtime.wire import _serializer as serializer
+from anywool.runtime._output import OutputLine
+from anywool.runtime._routine import reset_active, set_active
 from anywool.runtime.client._call import Call, CallNotDelivered, WorkerBusy, drive_stream
 from anywool.runtime.client._connection import WorkerConnection
-from anywool.runtime.wire._envelope import Origin
 from anywool.runtime.client._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
-from anywool.runtime._output import OutputLine
 from anywool.runtime.client._resolve import is_context_manager
 from anywool.runtime.client._room import RoomQueue
-from anywool.runtime._routine import reset_active, set_active
-from anywool.runtime.wire._stats import WorkerStats
+from anywool.runtime.wire import _auth
+from anywool.runtime.wire import _serializer as serializer
+from anywool.runtime.wire._envelope import Origin
 from anywool.runtime.wire._frames import FrameError
+from anywool.runtime.wire._stats import WorkerStats
 
 # Named as before the runtime was split by side: users configure logging by this name.
 log = logging.getLogger("anywool.runtime._proxy")

@@ -35,13 +35,14 @@ from anywool._duration import seconds
 from anywool._location import IMPORT_ROOT
 from anywool._owner import SingleUse
 from anywool._teardown import graceful_then_forceful
+from anywool._tls import MutualTLS
+from anywool._version import __version__
 from anywool.errors import WorkerError
 from anywool.metadata import WorkerMetadata
-from anywool._tls import MutualTLS
-from anywool.runtime.wire import _auth
 from anywool.runtime import _lifespan, _output, _socket_dir
-from anywool.runtime.wire._peer import PEER_GONE
 from anywool.runtime.pool._template import ForkedProcess, Template, TemplateUnavailable
+from anywool.runtime.wire import _auth
+from anywool.runtime.wire._peer import PEER_GONE
 from anywool.runtime.worker._contract import (
     LIFESPAN_ENV,
     MAX_CONCURRENCY,
@@ -56,7 +57,6 @@ from anywool.runtime.worker._contract import (
     SYS_PATH_ENV,
     UID_ENV,
 )
-from anywool._version import __version__
 
 # Named as before the runtime was split by side: users configure logging by this name.
 log = logging.getLogger("anywool.runtime._local_worker")

@@ -41,27 +41,26 @@ import anyio
 from anywool import _validate
 from anywool._owner import SingleUse
 from anywool._teardown import Budget, ExitWithin
+from anywool._tls import MutualTLS
 from anywool.discovery import DiscoveryLike, DiscoverySubscriberLike
 from anywool.errors import WorkerError
+from anywool.runtime import _lifespan, _output
+from anywool.runtime._output import OutputLine
 from anywool.runtime.client import _ctrl_c
-from anywool.runtime import _lifespan
-from anywool.runtime import _output
 from anywool.runtime.client._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
-from anywool._tls import MutualTLS
+from anywool.runtime.client._proxy import WorkerProxy
+from anywool.runtime.client._resolve import expected_names, is_factory, resolved
 from anywool.runtime.pool._local_worker import (
     LocalWorker,
     check_recycling,
     current_backend,
     tcp_endpoint,
 )
-from anywool.runtime.worker._contract import MAX_CONCURRENCY
-from anywool.runtime._output import OutputLine
-from anywool.runtime.client._proxy import WorkerProxy
-from anywool.runtime.wire._stats import WorkerStats
 from anywool.runtime.pool._publishing import Publishing
 from anywool.runtime.pool._recycling import Recycling
 from anywool.runtime.pool._supervisor import Supervisor
-from anywool.runtime.client._resolve import expected_names, is_factory, resolved
+from anywool.runtime.wire._stats import WorkerStats
+from anywool.runtime.worker._contract import MAX_CONCURRENCY
 
 # Named as before the runtime was split by side: users configure logging by this name.
 log = logging.getLogger("anywool.runtime._pool")

@@ -80,9 +80,9 @@ from typing import Any, cast
 
 import msgpack
 
+from anywool.runtime.wire._frames import CALL_ID_LIMIT, FrameError, Parts
 from anywool.runtime.wire._serializer import Buffer, Pickled
 from anywool.runtime.wire._stats import WorkerStats
-from anywool.runtime.wire._frames import CALL_ID_LIMIT, FrameError, Parts
 
 #: ``(key, pickled proxy)``: the pool a call tree started from (see :mod:`anywool.runtime.worker._nested`).
 Origin = tuple[bytes, bytes]

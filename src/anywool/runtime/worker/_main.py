@@ -72,10 +72,10 @@ from anywool import _interfaces, _secret
 from anywool._address import Address
 from anywool._duration import seconds
 from anywool._errno import exhausted
-from anywool.runtime.worker import _interrupt, _lifeline
 from anywool.runtime import _lifespan, _output, _socket_dir, _telemetry
-from anywool.runtime.wire import _socket, _stats
 from anywool.runtime.wire import _serializer as serializer
+from anywool.runtime.wire import _socket, _stats
+from anywool.runtime.worker import _interrupt, _lifeline
 from anywool.runtime.worker._contract import (
     IMPORT_ENV,
     LIFESPAN_ENV,

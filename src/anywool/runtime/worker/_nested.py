@@ -26,9 +26,9 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from anywool import _validate
+from anywool.runtime._routine import RoutineDispatcher
 from anywool.runtime.wire import _serializer as serializer
 from anywool.runtime.wire._envelope import Origin
-from anywool.runtime._routine import RoutineDispatcher
 from anywool.runtime.worker._contract import PROXY_IDLE_TIMEOUT_ENV
 
 if TYPE_CHECKING:  # imported at the first nested call: most workers never make one

@@ -35,11 +35,22 @@ from anyio.abc import ByteStream
 from anywool._version import __version__
 from anywool.errors import PayloadTooLarge, RoutineAborted, RoutineCancelled, SerializationError
 from anywool.runtime import _context, _output, _telemetry
-from anywool.runtime.worker import _interrupt
-from anywool.runtime.wire import _stats
+from anywool.runtime._routine import RoutineTask, routine_body, set_active, set_running
 from anywool.runtime.wire import _envelope as envelope
-from anywool.runtime.wire import _exceptions
+from anywool.runtime.wire import _exceptions, _stats
 from anywool.runtime.wire import _serializer as serializer
+from anywool.runtime.wire._frames import (
+    Frame,
+    FrameError,
+    FrameStream,
+    Kind,
+    payload_limit,
+    shut_down,
+)
+from anywool.runtime.wire._peer import PEER_GONE, PEER_HUNG_UP
+from anywool.runtime.wire._serializer import Pickled
+from anywool.runtime.wire._stats import WorkerStats
+from anywool.runtime.worker import _interrupt
 from anywool.runtime.worker._callgroup import CallGroup, Scope, open_call_group, scope_factory
 from anywool.runtime.worker._contract import (
     IDLE_TIMEOUT,
@@ -51,18 +62,6 @@ from anywool.runtime.worker._contract import (
     SUPERVISED,
 )
 from anywool.runtime.worker._nested import NestedProxies
-from anywool.runtime.wire._peer import PEER_GONE, PEER_HUNG_UP
-from anywool.runtime._routine import RoutineTask, routine_body, set_active, set_running
-from anywool.runtime.wire._serializer import Pickled
-from anywool.runtime.wire._stats import WorkerStats
-from anywool.runtime.wire._frames import (
-    Frame,
-    FrameError,
-    FrameStream,
-    Kind,
-    payload_limit,
-    shut_down,
-)
 
 log = logging.getLogger("anywool.worker")
 
