@@ -98,18 +98,23 @@ async def _start(peer: str, workers: int) -> float:
         return time.perf_counter() - began
 
 
-async def _replacement(warm: bool) -> dict[str, Any]:
+async def _warm(pool: Any) -> None:
+    """Have ``pool`` start its template, and wait until it runs (untimed set-up)."""
     import anyio
 
+    await pool.recycle()  # the first worker started again warms the template
+    with anyio.fail_after(30):
+        while pool._supervisor.template is None:
+            await anyio.sleep(0.01)
+
+
+async def _replacement(warm: bool) -> dict[str, Any]:
     import anywool
     from anywool.runtime.pool._local_worker import LocalWorker
 
     async with anywool.WorkerPool(spawn=2) as pool:
         if warm:
-            await pool.recycle()  # the first worker started again warms the template
-            with anyio.fail_after(30):
-                while pool._supervisor.template is None:
-                    await anyio.sleep(0.01)
+            await _warm(pool)
         samples = []
         for _ in range(REPLACEMENTS):
             worker = LocalWorker()
@@ -129,10 +134,7 @@ async def _recycle(warm: bool) -> dict[str, Any]:
     calls = failures = 0
     async with anywool.WorkerPool(spawn=2) as pool:
         if warm:
-            await pool.recycle()  # the first worker started again warms the template
-            with anyio.fail_after(30):
-                while pool._supervisor.template is None:
-                    await anyio.sleep(0.01)
+            await _warm(pool)
         done = anyio.Event()
 
         async def caller() -> None:
