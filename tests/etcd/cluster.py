@@ -92,8 +92,6 @@ READY_TIMEOUT = 20.0
 READY_POLL = 0.005
 #: Seconds a member gets to exit after SIGTERM before it is killed.
 STOP_TIMEOUT = 10.0
-#: Seconds every thread of a member gets to stop after SIGSTOP (:meth:`EtcdMember.freeze`).
-FREEZE_TIMEOUT = 5.0
 #: Starts on fresh ports after a member exited while starting (a port taken meanwhile).
 START_ATTEMPTS = 3
 
@@ -547,22 +545,23 @@ class EtcdMember:
         """SIGSTOP the process, and return once every thread of it has stopped: it stays alive
         and silent (a hung host, as far as peers and clients can tell).
 
-        :raises RuntimeError: it is not running, or some thread of it had not stopped after
-            :data:`FREEZE_TIMEOUT` seconds (it is continued then).
+        :raises RuntimeError: it is not running, or it exited instead of stopping.
         """
         self._signal_running(signal.SIGSTOP)
         self.frozen = True
         # kill() returns once the signal is queued: the kernel wakes one thread to begin the
         # group stop, and the others stop as they get to it. Meanwhile a thread that is running
         # still serves: on a loaded machine, 9 of 300 requests sent right after the signal were
-        # answered (a claim "against a frozen member" once succeeded so).
-        deadline = time.monotonic() + FREEZE_TIMEOUT
-        while (running := self._running_threads()):
-            if time.monotonic() > deadline:
-                self.thaw()
-                raise RuntimeError(f"etcd member {self.name}: threads {running} had not stopped "
-                                   f"{FREEZE_TIMEOUT} s after SIGSTOP")
-            time.sleep(0.0005)
+        # answered (a claim "against a frozen member" once succeeded so). The kernel tells the
+        # parent (waitid's WSTOPPED) only once the last thread has stopped, and SIGSTOP can be
+        # neither caught nor ignored: the wait ends with the stop, or with the member's exit.
+        # WNOWAIT: the member stays for Popen to reap, as it does if it exited.
+        info = os.waitid(os.P_PID, self.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
+        if info is None or info.si_code != os.CLD_STOPPED:
+            self.frozen = False
+            raise RuntimeError(f"etcd member {self.name} exited instead of stopping "
+                               f"({self._state()})")
+        assert self._running_threads() == [], "the kernel said the group stop was complete"
 
     def _running_threads(self) -> list[int]:
         """The threads of the process that are not stopped (``/proc/<pid>/task``)."""
