@@ -4,8 +4,8 @@ The script (``SCRIPT``, a ``python -c`` child in a session of its own, with the 
 environment and so its runtime directory) enters ``WorkerPool(spawn=2)`` on the backend given
 (the default ``cancel_grace`` of 1 s unless a test says otherwise), prints its namespace and
 its workers' pids, then ``ready``, then awaits a call that holds its worker's event loop: a
-pure-Python loop as a routine, the same as a plain function of ``run_sync``, or ``run_sync``
-of a regular expression that backtracks in C, holding the GIL; or (``exiting``) it leaves the
+pure-Python loop as a routine, the same as a plain function of ``run_sync`` or of
+``anywool.map``, or ``run_sync`` of a regular expression that backtracks in C, holding the GIL; or (``exiting``) it leaves the
 pool's block while such a call runs, so that the pool's exit is draining it.
 
 Ctrl-C (SIGINT, to the process group as a terminal sends it, or to the script alone) ends the
@@ -77,6 +77,10 @@ async def main():
             await spin(marker)
         elif kind == "run_sync":
             await anywool.run_sync(spin_plain, marker)
+        elif kind == "map":
+            async with anywool.map(spin_plain, [marker] * 8) as results:
+                async for _ in results:
+                    pass
         else:
             await anywool.run_sync(backtrack, marker)
 
@@ -268,8 +272,7 @@ async def _exit_after_ctrl_c(script: Script, runtime_dir: Path, *, group: bool,
     assert list(runtime_dir.iterdir()) == []
 
 
-@pytest.mark.parametrize("kind", ["routine", "run_sync",
-                                  "backtrack"])
+@pytest.mark.parametrize("kind", ["routine", "run_sync", "backtrack", "map"])
 async def test_ctrl_c_to_the_process_group_ends_the_script_promptly_and_leaves_nothing(
         kind: str, anyio_backend: str, tmp_path: Path, runtime_dir: Path) -> None:
     with anyio.fail_after(60):

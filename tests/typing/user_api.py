@@ -118,6 +118,19 @@ async def calls() -> None:
         assert_type(chunk, bytes)
     assert_type(await run_sync(digest, "/etc/hostname"), str)
     assert_type(await run_sync(os.getpid), int)
+    async with anywool.map(digest, ["/etc/hostname", "/etc/hosts"]) as digests:
+        assert_type(digests, anywool.MapResults[str])
+        async for hexdigest in digests:
+            assert_type(hexdigest, str)
+    # A routine's results: float under pyright; Any under mypy, which gives Any when two
+    # overloads match an argument whose type holds Any (a coroutine's Coroutine[Any, Any, T]).
+    scaled: anywool.MapResults[float]
+    async with anywool.map(scale, range(3), ordered=False, progress=print) as scaled:
+        async for value in scaled:
+            print(value + 1.0)
+    async with WorkerPool(spawn=1) as pool, pool.map(os.path.getsize, ["/etc/hosts"]) as sizes:
+        async for size in sizes:
+            assert_type(size, int)
     token = request_id.set("r-1")
     assert_type(request_id.get(), str)
     request_id.reset(token)

@@ -8,6 +8,7 @@ if TYPE_CHECKING:
     from anywool._tls import MutualTLS
     from anywool.runtime._context import ContextVar
     from anywool.runtime._lifespan import WorkerInfo, current_worker
+    from anywool.runtime._map import MapResults, map
     from anywool.runtime._output import OutputLine
     from anywool.runtime._routine import RoutineTask, current_task, routine, run_sync
     from anywool.runtime.client._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
@@ -23,6 +24,7 @@ __all__ = [
     "Factory",
     "LoadBalancerLike",
     "LocalWorker",
+    "MapResults",
     "MutualTLS",
     "OutputLine",
     "RoundRobinLoadBalancer",
@@ -34,6 +36,7 @@ __all__ = [
     "WorkerStats",
     "current_task",
     "current_worker",
+    "map",
     "resolved",
     "routine",
     "run_sync",
@@ -44,6 +47,7 @@ _WHERE = {
     "Factory": "anywool.runtime.client._resolve",
     "LoadBalancerLike": "anywool.runtime.client._loadbalancer",
     "LocalWorker": "anywool.runtime.pool._local_worker",
+    "MapResults": "anywool.runtime._map",
     "MutualTLS": "anywool._tls",
     "OutputLine": "anywool.runtime._output",
     "RoundRobinLoadBalancer": "anywool.runtime.client._loadbalancer",
@@ -55,6 +59,7 @@ _WHERE = {
     "WorkerStats": "anywool.runtime.wire._stats",
     "current_task": "anywool.runtime._routine",
     "current_worker": "anywool.runtime._lifespan",
+    "map": "anywool.runtime._map",
     "resolved": "anywool.runtime.client._resolve",
     "routine": "anywool.runtime._routine",
     "run_sync": "anywool.runtime._routine",

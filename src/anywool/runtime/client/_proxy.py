@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any, TypeVar, overload
 from uuid import UUID
@@ -36,6 +36,7 @@ from anywool.discovery import DiscoveryEvent, DiscoverySubscriberLike, afilter
 from anywool.errors import AuthenticationError, NoWorkersAvailable, WorkerError
 from anywool.metadata import WorkerMetadata
 from anywool.runtime import _output, _telemetry
+from anywool.runtime._map import MAX_IN_FLIGHT, MapResults
 from anywool.runtime._output import OutputLine
 from anywool.runtime._routine import reset_active, set_active
 from anywool.runtime.client._call import Call, CallNotDelivered, WorkerBusy, drive_stream
@@ -64,6 +65,7 @@ _CANCEL_AT_EXIT = 1.0
 _SETTLE = 0.25
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class SharesATag:
@@ -885,6 +887,26 @@ class WorkerProxy(SingleUse):
                 return await self._deliver(lambda c: c.stream(fn, args, kwargs))
 
         return drive_stream(open_call, self._in_flight)
+
+    @overload
+    def map(self, fn: Callable[[T], Awaitable[R]], items: Iterable[T] | AsyncIterable[T], /, *,
+            ordered: bool = ..., batch_size: int | None = ..., max_in_flight: int = ...,
+            progress: Callable[[int], object] | None = ...) -> MapResults[R]: ...
+
+    @overload
+    def map(self, fn: Callable[[T], R], items: Iterable[T] | AsyncIterable[T], /, *,
+            ordered: bool = ..., batch_size: int | None = ..., max_in_flight: int = ...,
+            progress: Callable[[int], object] | None = ...) -> MapResults[R]: ...
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any] | AsyncIterable[Any], /, *,
+            ordered: bool = True, batch_size: int | None = None,
+            max_in_flight: int = MAX_IN_FLIGHT,
+            progress: Callable[[int], object] | None = None) -> MapResults[Any]:
+        """:func:`anywool.map` through this proxy rather than the active one (same parameters,
+        errors and cancellation); entering it raises :class:`RuntimeError` when this proxy is
+        not active."""
+        return MapResults(lambda: self, fn, items, ordered=ordered, batch_size=batch_size,
+                          max_in_flight=max_in_flight, progress=progress)
 
     # -- telemetry ---------------------------------------------------------------------------
 

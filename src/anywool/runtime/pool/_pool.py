@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar, overload
 from uuid import UUID, uuid4
 
 import anyio
@@ -45,6 +45,7 @@ from anywool._tls import MutualTLS
 from anywool.discovery import DiscoveryLike, DiscoverySubscriberLike
 from anywool.errors import WorkerError
 from anywool.runtime import _lifespan, _output
+from anywool.runtime._map import MAX_IN_FLIGHT, MapResults
 from anywool.runtime._output import OutputLine
 from anywool.runtime.client import _ctrl_c
 from anywool.runtime.client._loadbalancer import LoadBalancerLike, RoundRobinLoadBalancer
@@ -93,6 +94,9 @@ _ENTERED_BY_POOLS: set[int] = set()
 def _is_loadbalancer(obj: object) -> bool:
     return not isinstance(obj, type) and isinstance(obj, LoadBalancerLike)
 
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 class WorkerPool(SingleUse):
     """Workers for the routines called inside an ``async with`` block.
@@ -435,6 +439,27 @@ class WorkerPool(SingleUse):
         if self._proxy is None:
             raise RuntimeError("the WorkerPool is not entered")
         return self._proxy
+
+    @overload
+    def map(self, fn: Callable[[T], Awaitable[R]], items: Iterable[T] | AsyncIterable[T], /, *,
+            ordered: bool = ..., batch_size: int | None = ..., max_in_flight: int = ...,
+            progress: Callable[[int], object] | None = ...) -> MapResults[R]: ...
+
+    @overload
+    def map(self, fn: Callable[[T], R], items: Iterable[T] | AsyncIterable[T], /, *,
+            ordered: bool = ..., batch_size: int | None = ..., max_in_flight: int = ...,
+            progress: Callable[[int], object] | None = ...) -> MapResults[R]: ...
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any] | AsyncIterable[Any], /, *,
+            ordered: bool = True, batch_size: int | None = None,
+            max_in_flight: int = MAX_IN_FLIGHT,
+            progress: Callable[[int], object] | None = None) -> MapResults[Any]:
+        """:func:`anywool.map` through this pool's proxy rather than the active one (same
+        parameters, errors and cancellation); entering it raises :class:`RuntimeError` when the
+        pool is not entered."""
+        return MapResults(lambda: self.proxy, fn, items, ordered=ordered,
+                          batch_size=batch_size, max_in_flight=max_in_flight,
+                          progress=progress)
 
     async def stats(self, timeout: float = 5.0) -> dict[UUID, WorkerStats | None]:
         """Ask every worker the pool's proxy admitted for its statistics: see

@@ -46,6 +46,7 @@ import anyio
 import sniffio
 
 from anywool._location import PACKAGE
+from anywool.runtime import _batch
 
 #: Seconds between heartbeats, and between the watchdog's looks.
 PERIOD = 0.05
@@ -138,6 +139,9 @@ def invoke(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 
 
 _INVOKE = invoke.__code__
+# The frames counted as a routine's though they live in anywool: invoke's, and the loops of a
+# batch of anywool.map (over a C function, no other frame of the routine's is there).
+_ROUTINE_CODE = frozenset({_INVOKE, *_batch.LOOPS})
 
 
 class Interrupter:
@@ -277,7 +281,7 @@ class Interrupter:
         if frame is None:
             return False
         code = frame.f_code
-        if code is _INVOKE:
+        if code in _ROUTINE_CODE:
             return True
         # "<frozen importlib._bootstrap>" and the like: the import system, whose locks and
         # sys.modules an interruption must not leave half done.
