@@ -36,6 +36,14 @@ def fail_on(bad: int, x: int) -> int:
     return x
 
 
+def fail_or_hold(bad: int, x: int) -> int:
+    """Raises for item ``bad``; holds its worker (interruptibly) for the others."""
+    if x == bad:
+        raise ValueError(f"item {x} is bad")
+    time.sleep(30)
+    return x
+
+
 def _read(fifo: str) -> str:
     with open(fifo) as released:
         return released.read()

@@ -24,6 +24,7 @@ from ..helpers import Signal, wait_until
 from . import map_work
 from .map_work import (
     fail_on,
+    fail_or_hold,
     hold,
     hold_routine,
     map_inside,
@@ -52,8 +53,9 @@ async def test_results_come_in_the_inputs_order_and_many_items_go_in_one_call(
             assert results.completed == results.taken == count
             stats = await pool.stats()
     served = sum(s.served for s in stats.values() if s is not None)
-    # Sized by the work: after the first calls of one item each, hundreds or thousands a call.
-    assert served < count // 100, served
+    # Sized by the work: after the first calls of one item each, hundreds or thousands a call
+    # (fewer for a routine on a loaded machine, where a checkpoint may wait for the CPU).
+    assert served < count // 20, served
 
 
 async def test_unordered_results_do_not_wait_for_an_item_that_has_not_ended(
@@ -103,9 +105,10 @@ async def test_the_input_is_read_lazily(worker_pool: WorkerPoolFactory) -> None:
     read = itertools.count()
 
     def endless() -> Iterator[int]:
-        for x in itertools.count():
+        for x in range(1_000_000):
             next(read)
             yield x
+        raise AssertionError("the map read a million items")
 
     with anyio.fail_after(60):
         async with worker_pool(spawn=2):
@@ -140,10 +143,12 @@ async def test_long_items_spread_over_the_workers_by_work(
     with anyio.fail_after(60):
         async with worker_pool(spawn=2) as pool:
             pids = {w.pid for w in pool.workers}
-            async with pool.proxy.map(pid_after, [0.3] * 6) as results:
+            async with pool.proxy.map(pid_after, [0.3] * 6, max_in_flight=2) as results:
                 ran_on = [pid async for pid in results]
-    # One item per call once the first took 0.3 s: both workers take items.
+    # One item per call once the first took 0.3 s: each worker takes items as it is free
+    # (in one batch, the four after the first two would all go to one worker).
     assert set(ran_on) == pids
+    assert all(ran_on.count(pid) >= 2 for pid in pids), ran_on
 
 
 async def test_the_first_exception_is_raised_with_its_type_and_names_its_item(
@@ -176,6 +181,24 @@ async def test_an_exception_of_the_input_ends_the_map_with_its_type(
                 async with anywool.map(square, broken()) as results:
                     async for _ in results:
                         pass
+
+
+async def test_the_first_exception_cancels_the_batches_still_running(
+        worker_pool: WorkerPoolFactory) -> None:
+    with anyio.fail_after(60):
+        async with worker_pool(spawn=2) as pool:
+            async with anywool.map(functools.partial(fail_or_hold, 0), range(2),
+                                   batch_size=1) as results:
+                with pytest.raises(ValueError, match="item 0 is bad"):
+                    async for _ in results:
+                        pass
+
+                async def nothing_runs() -> bool:
+                    stats = (await pool.stats()).values()
+                    return all(s is not None and s.in_flight == 0 for s in stats)
+
+                # Still in the block: item 1 was cancelled on its worker, not left to run.
+                await wait_until(nothing_runs, "item 1 to be cancelled")
 
 
 @pytest.mark.parametrize("fn", [hold, hold_routine], ids=["plain", "routine"])
@@ -226,18 +249,23 @@ async def test_a_worker_killed_mid_batch_fails_the_map_with_worker_error(
         worker_pool: WorkerPoolFactory, tmp_path: Path) -> None:
     marker = tmp_path / "finally"
     with anyio.fail_after(60):
-        async with worker_pool(spawn=1) as pool, Signal() as started:
-            (worker,) = pool.workers
+        async with worker_pool(spawn=2) as pool, Signal() as started:
+            # Item 0 holds its worker; the others, sent to it behind item 0 and not started
+            # there, go to the other worker: only item 0's batch is lost.
             with pytest.raises(WorkerError):
                 async with anywool.map(functools.partial(hold, started.port, str(marker)),
-                                       [0, 1, 2]) as results:
-                    await started.started()
-                    os.kill(worker.pid, signal.SIGKILL)
+                                       range(20), batch_size=1) as results:
+                    killed = int((await started.started()).split()[1])
+                    os.kill(killed, signal.SIGKILL)
                     async for _ in results:
                         pass
             assert not marker.exists()  # killed, not interrupted
-            await wait_until(lambda: [w.pid for w in pool.workers] not in ([], [worker.pid]),
-                             "the worker to be replaced")
+
+            async def replaced() -> bool:  # and its replacement connected
+                stats = [s for s in (await pool.stats()).values() if s is not None]
+                return len(stats) == 2 and killed not in {s.pid for s in stats}
+
+            await wait_until(replaced, "the worker to be replaced")
             async with anywool.map(square, range(3)) as results:
                 assert [result async for result in results] == [0, 1, 4]
 
