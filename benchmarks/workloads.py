@@ -17,11 +17,14 @@ defaults and 2 workers:
 * ``trio_parallel`` (trio only; skipped with a note when it does not import):
   ``run_sync(fn, *args, limiter=trio.CapacityLimiter(2))`` of its own
   ``trio_parallel.open_worker_context()``, so that its workers start and stop in the child.
+* ``stdlib`` (the ``items`` job only, in an asyncio child whose loop waits in a thread):
+  ``ProcessPoolExecutor(2).map(fn, items, chunksize=STDLIB_CHUNKSIZE)`` and
+  ``multiprocessing.Pool(2).imap(fn, items, chunksize=STDLIB_CHUNKSIZE)``.
 
 The functions and routines are in ``workload_jobs.py``, imported by reference by every worker.
 Before the jobs, each form is warmed up: rounds of two concurrent calls that each sleep 50 ms in
 the worker (``time.sleep``), until two distinct worker pids have answered (both workers started,
-connected and holding ``workload_jobs``). The jobs, in this order; each of the first four is one
+connected and holding ``workload_jobs``). The jobs, in this order; each of 1, 2, 4 and 5 is one
 task group starting every call at once, timed from before the first call is started until the
 group has the last result:
 
@@ -34,17 +37,25 @@ group has the last result:
 2. ``heavy_tail``: 2 000 calls of ``spin(n)``, a pure-Python loop of ``n`` rounds of integer
    arithmetic, ``n`` drawn from a Pareto distribution (alpha 1.16, ``random.Random(20)``) and
    scaled so that all calls together take about 4 s of CPU on one core.
-3. ``await`` (anywool routine only; "-" for the peers, which run one plain function per process
+3. ``items``: many small items of ``small(x)``, about 7 µs of pure Python each. *calls*:
+   20 000 separate calls, 256 in flight (256 tasks, each a call at a time), for every form
+   but the standard library's; *map*: 100 000 items through the form's map, the results
+   collected in order (anywool: ``anywool.map`` of the plain function in the run_sync column,
+   of the ``small_routine`` routine in the routine column; the stdlib pools' map and imap).
+   Wall, CPU of every process and of the caller, items/s; every result checked, untimed.
+   Ratio rows: calls' items/s and CPU ÷ to_process's (and trio_parallel's); map's items/s ÷
+   the better of the two stdlib pools'.
+4. ``await`` (anywool routine only; "-" for the peers, which run one plain function per process
    at a time): 4 000 calls of a routine awaiting ``anyio.sleep(0.05)``.
-4. ``mixed`` (anywool routine only): 2 000 calls started in order; even ``i`` awaits
+5. ``mixed`` (anywool routine only): 2 000 calls started in order; even ``i`` awaits
    ``anyio.sleep(0.02)``, odd ``i`` spins about 2 ms of CPU: about 1.02 s at best on 2
    workers (the spins ÷ 2, plus one sleep).
-5. ``payload``: sequential round trips echoing one ``bytes`` value of 1 KiB, 64 KiB, 1 MiB and
+6. ``payload``: sequential round trips echoing one ``bytes`` value of 1 KiB, 64 KiB, 1 MiB and
    16 MiB (anywool: the ``echo_bytes`` routine, and ``run_sync`` of the plain echo when it
    exists; the peers: the plain echo): 3 warm-up round trips, then ``max(12, min(300, 48 MiB /
    size))`` timed ones per size (300, 300, 48, 12); the median in ms, and GB/s counting both
    directions (``2 * size / median``). Every echo is compared with what was sent, untimed.
-6. ``cancel``: how long a cancelled call of a long CPU-bound function holds its caller. The call
+7. ``cancel``: how long a cancelled call of a long CPU-bound function holds its caller. The call
    is awaited in ``anyio.move_on_after(0.5)``; the figure is from that deadline until the
    caller runs again. Variants: the pure-Python loop, ``time.sleep``, and a regular expression
    that backtracks catastrophically in one C call holding the GIL (``re.fullmatch(r"(a+)+$",
@@ -56,7 +67,7 @@ group has the last result:
    workers answer again. Each of these three steps is bounded by ``anyio.fail_after(60)``; a
    timeout or an error fails that figure only.
 
-For jobs 1-4: the wall time; the CPU time (user + system) of the calling process and of every
+For jobs 1, 2, 4 and 5: the wall time; the CPU time (user + system) of the calling process and of every
 live process under it (workers, their helpers; ``_harness.cpu_seconds()``, read before the pool
 stops), and of the caller alone; each call returns its pid and the CPU seconds spent in the
 function (``time.process_time()`` deltas), from which come the busy CPU per worker (max, min,
@@ -115,16 +126,20 @@ WORKERS = 2
 CHILD_TIMEOUT = 600.0  # seconds for one child run before it is killed (failure path only)
 JOB_TIMEOUT = 180.0  # seconds for one job of one form before it is given up (a failed figure)
 
-JOBS = ("hash", "heavy_tail", "await", "mixed", "payload", "cancel")
+JOBS = ("hash", "heavy_tail", "items", "await", "mixed", "payload", "cancel")
 AWAITING = ("await", "mixed")  # anywool routines only
-PEERS = ("anywool", "to_process", "trio_parallel")
+PEERS = ("anywool", "to_process", "trio_parallel", "stdlib")
 BACKENDS_OF = {
     "anywool": ("asyncio", "trio"),
     "to_process": ("asyncio", "trio"),
     "trio_parallel": ("trio",),
+    "stdlib": ("asyncio",),  # its pools are synchronous: the event loop only waits for them
 }
+#: The peers that run some jobs only (the others are "-" in their columns).
+ONLY = {"stdlib": ("items",)}
 OPTIONAL = {"trio_parallel": "trio_parallel"}
-DISTRIBUTION = {"anywool": "anywool", "to_process": "anyio", "trio_parallel": "trio-parallel"}
+DISTRIBUTION = {"anywool": "anywool", "to_process": "anyio", "trio_parallel": "trio-parallel",
+                "stdlib": "python"}
 
 # Calibration (parent)
 CALIBRATION_N = 1_000_000
@@ -136,6 +151,12 @@ HASH_FILES_QUICK = 200
 HEAVY_TAIL = {"calls": (2_000, 200), "cpu_s": (4.0, 1.0)}
 PARETO_ALPHA = 1.16
 PARETO_SEED = 20
+ITEMS_CALLS = (20_000, 2_000)  # separate calls of small(i), ITEMS_IN_FLIGHT at a time
+ITEMS_IN_FLIGHT = 256
+ITEMS_MAP = (100_000, 10_000)  # items of small(i) through a map
+#: The stdlib pools' chunksize: the best of 100, 1 000 and 12 500 (Pool.map's own default for
+#: 100 000 items on 2 workers) measured here for 100 000 items of small().
+STDLIB_CHUNKSIZE = 12_500
 AWAIT_CALLS = (4_000, 400)
 AWAIT_SLEEP = 0.05
 MIXED_CALLS = (2_000, 200)
@@ -181,6 +202,12 @@ class Form:
     cancellable: Callable[..., Awaitable[Any]]
     #: whether the awaiting jobs apply (anywool's routine form).
     awaits: bool = False
+    #: ``map(fn, items)``: run the plain function ``fn`` on every item, return the results in
+    #: order (``None``: the peer has no such thing; its items are separate calls).
+    map: Callable[[Callable[..., Any], list[Any]], Awaitable[list[Any]]] | None = None
+    #: whether the items job makes separate calls too (the standard library's pools: no,
+    #: their map is what they are measured for).
+    calls: bool = True
 
 
 @asynccontextmanager
@@ -201,11 +228,22 @@ async def _anywool() -> AsyncIterator[dict[str, Form]]:
     def via_routine(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
         return routine_of[fn](*args)
 
+    def mapper(routines: bool) -> Callable[..., Awaitable[list[Any]]] | None:
+        if not hasattr(anywool, "map"):
+            return None
+
+        async def run_map(fn: Callable[..., Any], items: list[Any]) -> list[Any]:
+            async with anywool.map(routine_of[fn] if routines else fn, items) as results:
+                return [result async for result in results]
+
+        return run_map
+
+    routine_of[jobs.small] = jobs.small_routine
     async with anywool.WorkerPool(spawn=WORKERS):
-        forms = {"routine": Form(via_routine, via_routine, awaits=True)}
+        forms = {"routine": Form(via_routine, via_routine, awaits=True, map=mapper(True))}
         if hasattr(anywool, "run_sync"):
             run_sync = anywool.run_sync
-            forms["run_sync"] = Form(run_sync, run_sync)
+            forms["run_sync"] = Form(run_sync, run_sync, map=mapper(False))
         yield forms
 
 
@@ -245,7 +283,38 @@ async def _trio_parallel() -> AsyncIterator[dict[str, Form]]:
         yield {"sync": Form(run, cancellable)}
 
 
-OPEN = {"anywool": _anywool, "to_process": _to_process, "trio_parallel": _trio_parallel}
+@asynccontextmanager
+async def _stdlib() -> AsyncIterator[dict[str, Form]]:
+    # The standard library's process pools, with WORKERS processes each and a good chunksize:
+    # their map blocks, so it runs in a thread (the loop has nothing else to do meanwhile).
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    import anyio.to_thread
+
+    with ProcessPoolExecutor(WORKERS) as executor, multiprocessing.Pool(WORKERS) as pool:
+
+        def on_executor(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
+            return anyio.to_thread.run_sync(lambda: executor.submit(fn, *args).result())
+
+        def on_pool(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
+            return anyio.to_thread.run_sync(pool.apply, fn, args)
+
+        async def executor_map(fn: Callable[..., Any], items: list[Any]) -> list[Any]:
+            return await anyio.to_thread.run_sync(
+                lambda: list(executor.map(fn, items, chunksize=STDLIB_CHUNKSIZE)))
+
+        async def pool_imap(fn: Callable[..., Any], items: list[Any]) -> list[Any]:
+            return await anyio.to_thread.run_sync(
+                lambda: list(pool.imap(fn, items, chunksize=STDLIB_CHUNKSIZE)))
+
+        yield {"ProcessPoolExecutor.map": Form(on_executor, on_executor, map=executor_map,
+                                               calls=False),
+               "Pool.imap": Form(on_pool, on_pool, map=pool_imap, calls=False)}
+
+
+OPEN = {"anywool": _anywool, "to_process": _to_process, "trio_parallel": _trio_parallel,
+        "stdlib": _stdlib}
 
 # ---------------------------------------------------------------------------------------------
 # Measurements (children)
@@ -350,6 +419,53 @@ async def _job_heavy_tail(form: Form, plan: dict[str, Any]) -> dict[str, Any]:
         lambda n: form.run(jobs.spin, n), [(n,) for n in plan["heavy_tail"]["n"]]
     )
     figures.update(_spread(results, figures["wall_s"]))
+    return figures
+
+
+async def _job_items(form: Form, plan: dict[str, Any]) -> dict[str, Any]:
+    """Many small items: separate calls, ITEMS_IN_FLIGHT at a time (for a form that has no
+    map), and all of them through the form's map (for one that has)."""
+    import anyio
+    import workload_jobs as jobs
+
+    figures: dict[str, Any] = {}
+    expected = plan["items"]["expected"]
+
+    async def timed(run: Callable[[], Awaitable[list[Any]]], key: str) -> None:
+        cpu_before = _harness.cpu_seconds()
+        caller_before = time.process_time()
+        start = time.perf_counter()
+        results = await run()
+        wall = time.perf_counter() - start
+        figures.update({
+            f"{key}_wall_s": wall,
+            f"{key}_cpu_s": _harness.cpu_seconds() - cpu_before,
+            f"{key}_caller_cpu_s": time.process_time() - caller_before,
+            f"{key}_items_per_s": len(results) / wall,
+            f"{key}_mismatches": sum(r != expected[i % len(expected)]
+                                     for i, r in enumerate(results)),
+        })
+
+    if form.calls:
+        count = plan["items"]["calls"]
+
+        async def calls() -> list[Any]:
+            results: list[Any] = [None] * count
+            indices = iter(range(count))
+
+            async def caller() -> None:  # one of ITEMS_IN_FLIGHT, each a call at a time
+                for i in indices:
+                    results[i] = await form.run(jobs.small, i % len(expected))
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(ITEMS_IN_FLIGHT):
+                    tg.start_soon(caller)
+            return results
+
+        await timed(calls, "calls")
+    if form.map is not None:
+        items = [i % len(expected) for i in range(plan["items"]["map"])]
+        await timed(lambda: form.map(jobs.small, items), "map")  # type: ignore[misc]
     return figures
 
 
@@ -470,7 +586,8 @@ async def _job_cancel(form: Form, plan: dict[str, Any]) -> dict[str, Any]:
     return figures
 
 
-MEASURE = {"hash": _job_hash, "heavy_tail": _job_heavy_tail, "await": _job_await,
+MEASURE = {"hash": _job_hash, "heavy_tail": _job_heavy_tail, "items": _job_items,
+           "await": _job_await,
            "mixed": _job_mixed, "payload": _job_payload, "cancel": _job_cancel}
 
 
@@ -488,7 +605,7 @@ async def _measure(peer: str, plan: dict[str, Any],
             start = time.perf_counter()
         for job in jobs:
             for name, form in forms.items():
-                if job in AWAITING and not form.awaits:
+                if job in AWAITING and not form.awaits or job not in ONLY.get(peer, JOBS):
                     continue
                 section = f"{job}/{name}"
                 try:
@@ -502,6 +619,10 @@ async def _measure(peer: str, plan: dict[str, Any],
 
 
 def _version_of(distribution: str) -> str:
+    if distribution == "python":
+        import platform
+
+        return platform.python_version()
     try:
         return version(distribution)
     except PackageNotFoundError:
@@ -606,6 +727,17 @@ def _prepare(jobs: list[str], quick: bool, cancel_samples: int) -> tuple[dict, d
             "max_n": max(ns_list), "median_n": statistics.median(ns_list),
             "largest_share": max(ns_list) / sum(ns_list),
         }
+    if "items" in jobs:
+        import workload_jobs
+
+        expected = [workload_jobs.small(i) for i in range(1000)]
+        plan["items"] = {"calls": ITEMS_CALLS[q], "map": ITEMS_MAP[q], "expected": expected}
+        start = time.perf_counter()
+        for i in range(10_000):
+            workload_jobs.small(i)
+        settings["items"] = {"calls": ITEMS_CALLS[q], "in_flight": ITEMS_IN_FLIGHT,
+                             "map": ITEMS_MAP[q], "stdlib_chunksize": STDLIB_CHUNKSIZE,
+                             "small_us": (time.perf_counter() - start) / 10_000 * 1e6}
     if "await" in jobs:
         plan["await"] = {"calls": AWAIT_CALLS[q]}
         settings["await"] = {"calls": AWAIT_CALLS[q], "sleep_s": AWAIT_SLEEP}
@@ -688,7 +820,7 @@ def _columns(runs: dict[str, dict[str, Any]], backends: list[str]) -> list[Colum
             if key not in runs:
                 continue
             for form in runs[key]["forms"]:
-                header = (f"{peer}\n{form}\n{backend}" if peer == "anywool"
+                header = (f"{peer}\n{form}\n{backend}" if peer in ("anywool", "stdlib")
                           else f"{peer}\n{backend}")
                 columns.append((key, form, header))
     return columns
@@ -701,7 +833,13 @@ def _value(runs: dict[str, dict[str, Any]], key: str, form: str, job: str, field
     if section is None:
         return NA
     value = section.get(field)
-    return FAILED if value is None else value
+    if value is not None:
+        return value
+    # Measured in no repeat, and the job did not fail: a figure this form does not have.
+    repeats = [r["results"].get(f"{job}/{form}", {}) for r in runs[key]["repeats"]]
+    if not any(field in r or "error" in r for r in repeats):
+        return NA
+    return FAILED
 
 
 def _cell(value: Any, fmt: str) -> str:
@@ -806,6 +944,33 @@ def _print_tables(runs: dict[str, dict[str, Any]], backends: list[str], jobs: li
                        runs, columns)
         _spread_rows(sheet, "heavy_tail")
         sheet.ratios([("wall", "heavy_tail", "wall_s"), ("CPU", "heavy_tail", "cpu_s")])
+        console.print(sheet.table)
+    if "items" in jobs:
+        i = settings["items"]
+        sheet = _Sheet(f"items: small(x), ~{i['small_us']:.0f} µs of pure Python each: "
+                       f"{i['calls']:,} separate calls, {i['in_flight']} in flight; "
+                       f"{i['map']:,} items through a map (stdlib: chunksize "
+                       f"{i['stdlib_chunksize']:,}); {WORKERS} workers", runs, columns)
+        for key, label in (("calls", "calls"), ("map", "map")):
+            sheet.figure(f"{label}: wall, s", "items", f"{key}_wall_s", "{:.3f}")
+            sheet.figure(f"{label}: items/s", "items", f"{key}_items_per_s", "{:,.0f}")
+            sheet.figure(f"{label}: CPU all processes, s", "items", f"{key}_cpu_s", "{:.3f}")
+            sheet.figure(f"{label}: CPU caller, s", "items", f"{key}_caller_cpu_s", "{:.3f}")
+            sheet.figure(f"{label}: mismatches", "items", f"{key}_mismatches", "{:.0f}",
+                         end=key == "calls")
+        sheet.ratios([("calls: items/s", "items", "calls_items_per_s"),
+                      ("calls: CPU", "items", "calls_cpu_s")])
+        best = max((_value(runs, "stdlib-asyncio", form, "items", "map_items_per_s")
+                    for form in runs.get("stdlib-asyncio", {}).get("forms", ())),
+                   key=lambda v: v if isinstance(v, float) else -1.0, default=NA)
+        if isinstance(best, float):
+            cells = []
+            for key, form, _ in columns:
+                value = _value(runs, key, form, "items", "map_items_per_s")
+                cells.append(f"{value / best:.2f}" if key.startswith("anywool-")
+                             and isinstance(value, float) else "")
+            sheet.table.rows[-1].end_section = True
+            sheet.cells("map: items/s ÷ best stdlib", cells)
         console.print(sheet.table)
     if "await" in jobs or "mixed" in jobs:
         what = ", ".join(f"{job} {settings[job]['calls']:,} calls" for job in AWAITING
@@ -931,7 +1096,8 @@ def main(argv: list[str] | None = None) -> int:
     sync_jobs = [j for j in jobs if j not in AWAITING]
     pairs = [(peer, backend) for backend in backends for peer in PEERS
              if backend in BACKENDS_OF[peer] and peer not in missing
-             and (peer == "anywool" or sync_jobs)]
+             and (peer == "anywool" or sync_jobs)
+             and any(job in ONLY.get(peer, JOBS) for job in jobs)]
     print("preparing: the stdlib files' reference digests, the calibration ...", file=sys.stderr)
     plan, settings = _prepare(jobs, args.quick, args.cancel_samples)
     import anywool
