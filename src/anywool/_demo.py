@@ -38,13 +38,22 @@ def sha256_of(path: str) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def digest(path: str) -> FileDigest:
-    """What a worker reports for the file at ``path`` (a plain function, for
-    :func:`anywool.run_sync`: hashing holds the worker, so calls spread by work).
+@dataclass(frozen=True)
+class Unreadable:
+    """What a worker reports for a file it could not read."""
 
-    :raises OSError: the file cannot be opened or read.
+    reason: str
+
+
+def digest(path: str) -> FileDigest | Unreadable:
+    """What a worker reports for the file at ``path`` (a plain function, for
+    :func:`anywool.map`: hashing holds the worker, so batches spread by work). A file that
+    cannot be read is reported, not raised: one such file must not end the whole job.
     """
-    size, hexdigest = sha256_of(path)
+    try:
+        size, hexdigest = sha256_of(path)
+    except OSError as exc:
+        return Unreadable(f"{type(exc).__name__}: {exc.strerror or exc}")
     return FileDigest(os.getpid(), size, hexdigest)
 
 
@@ -68,14 +77,14 @@ def regular_files(root: Path, skip: frozenset[str] = frozenset()) -> Iterator[st
 class Tally:
     """Per-worker counts and the failures seen while hashing."""
 
-    calls: dict[int, int] = field(default_factory=dict)
+    files: dict[int, int] = field(default_factory=dict)
     bytes: dict[int, int] = field(default_factory=dict)
     verified: int = 0
     mismatched: list[str] = field(default_factory=list)
     unreadable: list[tuple[str, str]] = field(default_factory=list)
 
     def record(self, result: FileDigest, expected: str) -> None:
-        self.calls[result.pid] = self.calls.get(result.pid, 0) + 1
+        self.files[result.pid] = self.files.get(result.pid, 0) + 1
         self.bytes[result.pid] = self.bytes.get(result.pid, 0) + result.size
         if result.sha256 == expected:
             self.verified += 1
@@ -87,5 +96,5 @@ class Tally:
         return sum(self.bytes.values())
 
     @property
-    def total_calls(self) -> int:
-        return sum(self.calls.values())
+    def total_files(self) -> int:
+        return sum(self.files.values())

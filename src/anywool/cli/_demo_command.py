@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import sysconfig
 import time
+from collections import deque
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
@@ -21,7 +23,6 @@ from rich.table import Table
 
 from anywool._address import Address
 from anywool._demo import FileDigest, Tally, digest, regular_files, sha256_of
-from anywool.runtime._routine import run_sync
 from anywool.runtime.pool._pool import WorkerPool
 
 __all__ = ["demo"]
@@ -38,8 +39,9 @@ def demo(path: Path | None, workers: int | None, backend: str) -> None:
     """SHA-256 every regular file under PATH on a worker pool and check each result locally.
 
     PATH defaults to the running Python's standard library directory (without its
-    site-packages and bytecode caches). Every file's call is started at once, as a batch job
-    would; the pool spreads them over its workers by how busy each is.
+    site-packages and bytecode caches). The files go to the workers in batches as the tree is
+    walked (anywool.map), so the work starts at once on a tree of any size; batches are sized
+    by the work and spread over the workers by how busy each is. Ctrl-C stops it promptly.
     """
     root = path or Path(sysconfig.get_paths()["stdlib"])
     # The standard library proper: installed packages and bytecode caches are not part of it.
@@ -49,11 +51,9 @@ def demo(path: Path | None, workers: int | None, backend: str) -> None:
         raise click.BadParameter(f"{root} is neither a directory nor a regular file",
                                  param_hint="PATH")
     console = Console()
-    files = list(regular_files(root, skip))
-    console.print(f"hashing {len(files)} files under [bold]{root}[/] on {count} workers "
-                  f"({backend})")
+    console.print(f"hashing the files under [bold]{root}[/] on {count} workers ({backend})")
     created: list[Path] = []
-    tally, elapsed = anyio.run(partial(_hash_all, files, count, console, created),
+    tally, elapsed = anyio.run(partial(_hash_all, root, skip, count, console, created),
                                backend=backend)
     _report(console, tally, elapsed)
     # Other programs may use the runtime directory meanwhile: check only what this run made.
@@ -64,22 +64,26 @@ def demo(path: Path | None, workers: int | None, backend: str) -> None:
         raise click.ClickException(f"{len(tally.mismatched)} digests did not match")
 
 
-async def _hash_all(files: list[str], workers: int, console: Console,
+async def _hash_all(root: Path, skip: frozenset[str], workers: int, console: Console,
                     created: list[Path]) -> tuple[Tally, float]:
-    """Hash every file on the pool, all calls at once (timed), then check each digest here
+    """Hash every file on the pool as the tree is walked (timed), then check each digest here
     (untimed: the check is not the job)."""
     results: dict[str, FileDigest] = {}
     unreadable: list[tuple[str, str]] = []
     progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                         transient=False)
+    task_id = progress.add_task("hashing", total=None)  # the total, once the walk is done
+    # The paths sent, in order: results come back in the same order.
+    sent: deque[str] = deque()
 
-    async def hash_one(task_id: object, path: str) -> None:
-        try:
-            results[path] = await run_sync(digest, path)
-        except OSError as exc:
-            unreadable.append((path, f"{type(exc).__name__}: {exc.strerror or exc}"))
-        progress.advance(task_id)  # type: ignore[arg-type]
+    def walk() -> Iterator[str]:
+        walked = 0
+        for found in regular_files(root, skip):
+            sent.append(found)
+            walked += 1
+            yield found
+        progress.update(task_id, total=walked)
 
     async with WorkerPool(spawn=workers) as pool:
         created.append(Path(pool.discovery.path))
@@ -87,10 +91,14 @@ async def _hash_all(files: list[str], workers: int, console: Console,
         created.extend(Path(path) for path in sockets if path is not None)
         started = time.perf_counter()
         with progress:
-            task_id = progress.add_task("hashing", total=len(files))
-            async with anyio.create_task_group() as tg:
-                for path in files:
-                    tg.start_soon(hash_one, task_id, path)
+            async with pool.map(digest, walk(),
+                                progress=partial(progress.advance, task_id)) as hashed:
+                async for result in hashed:
+                    path = sent.popleft()
+                    if isinstance(result, FileDigest):
+                        results[path] = result
+                    else:
+                        unreadable.append((path, result.reason))
         elapsed = time.perf_counter() - started
     with console.status("checking every digest locally"):
         tally = await anyio.to_thread.run_sync(_check, results, unreadable)
@@ -113,15 +121,15 @@ def _check(results: dict[str, FileDigest], unreadable: list[tuple[str, str]]) ->
 def _report(console: Console, tally: Tally, elapsed: float) -> None:
     table = Table(title="work per worker")
     table.add_column("worker pid", justify="right")
-    table.add_column("calls served", justify="right")
+    table.add_column("files hashed", justify="right")
     table.add_column("bytes hashed", justify="right")
-    for pid in sorted(tally.calls):
-        table.add_row(str(pid), f"{tally.calls[pid]:,}", f"{tally.bytes[pid]:,}")
+    for pid in sorted(tally.files):
+        table.add_row(str(pid), f"{tally.files[pid]:,}", f"{tally.bytes[pid]:,}")
     table.add_section()
-    table.add_row("total", f"{tally.total_calls:,}", f"{tally.total_bytes:,}")
+    table.add_row("total", f"{tally.total_files:,}", f"{tally.total_bytes:,}")
     console.print(table)
     seconds = max(elapsed, 1e-9)
-    console.print(f"wall time {elapsed:.2f} s · {tally.total_calls / seconds:,.0f} calls/s · "
+    console.print(f"wall time {elapsed:.2f} s · {tally.total_files / seconds:,.0f} files/s · "
                   f"{tally.total_bytes / seconds / 1e6:,.1f} MB/s")
     console.print(f"verified {tally.verified} digests against a local computation; "
                   f"{len(tally.mismatched)} mismatched")
