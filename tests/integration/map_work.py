@@ -30,6 +30,13 @@ def pid_after(seconds: float) -> int:
     return os.getpid()
 
 
+def stop_on(bad: int, x: int) -> int:
+    """Raises StopAsyncIteration for item ``bad``: what ends an ``async for`` if raised there."""
+    if x == bad:
+        raise StopAsyncIteration
+    return x
+
+
 def fail_on(bad: int, x: int) -> int:
     if x == bad:
         raise ValueError(f"item {x} is bad")

@@ -23,6 +23,7 @@ from anywool.testing import WorkerPoolFactory
 from ..helpers import Signal, wait_until
 from . import map_work
 from .map_work import (
+    stop_on,
     fail_on,
     fail_or_hold,
     hold,
@@ -343,7 +344,8 @@ async def test_entering_without_a_pool_and_twice_is_refused(
     ({"max_in_flight": 0}, ValueError, "max_in_flight must be between 1 and 65536, got 0"),
     ({"max_in_flight": 65537}, ValueError, "max_in_flight must be between 1 and 65536"),
     ({"max_in_flight": 65536}, None, None),
-    ({"progress": "bar"}, TypeError, "progress must be a callable or None, got 'bar'"),
+    ({"progress": "bar"}, TypeError, "progress must be a plain callable or None"),
+    ({"progress": anyio.sleep}, TypeError, "progress must be a plain callable or None"),
 ])
 def test_bad_arguments_are_refused_at_construction(kwargs: dict, error: type | None,
                                                    match: str | None) -> None:
@@ -363,3 +365,95 @@ def test_an_async_generator_function_is_refused() -> None:
 
     with pytest.raises(TypeError, match="is an async generator function"):
         anywool.map(numbers, range(3))
+
+
+async def test_an_item_raising_stop_async_iteration_does_not_end_the_map_quietly(
+        worker_pool: WorkerPoolFactory) -> None:
+    with anyio.fail_after(60):
+        async with worker_pool(spawn=2):
+            with pytest.raises(RuntimeError, match="StopAsyncIteration was raised") as caught:
+                async with anywool.map(functools.partial(stop_on, 5), range(100),
+                                       batch_size=1) as results:
+                    async for _ in results:
+                        pass
+    assert isinstance(caught.value.__cause__, StopAsyncIteration)
+
+
+async def test_several_tasks_share_the_results(worker_pool: WorkerPoolFactory) -> None:
+    got: list[list[int]] = [[], []]
+    with anyio.fail_after(60):
+        async with worker_pool(spawn=2):
+            async with anywool.map(square, range(2000), batch_size=7) as results:
+
+                async def consume(mine: list[int]) -> None:
+                    async for result in results:
+                        mine.append(result)
+                        await anyio.lowlevel.checkpoint()
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(consume, got[0])
+                    tg.start_soon(consume, got[1])
+    assert sorted(got[0] + got[1]) == sorted(x * x for x in range(2000))
+    assert got[0] and got[1]
+
+
+async def test_large_items_are_batched_within_a_frame(worker_pool: WorkerPoolFactory) -> None:
+    # 30 000 items of 10 kB: 8 192 to a batch would make a call of 80 MB, past the 64 MiB of a
+    # frame; batches are also sized by the pickled size of the items and results.
+    with anyio.fail_after(60):
+        async with worker_pool(spawn=2):
+            async with anywool.map(len, (b"x" * 10_000 for _ in range(30_000))) as results:
+                assert [n async for n in results] == [10_000] * 30_000
+
+
+@pytest.mark.parametrize("max_in_flight", [2, MAX_IN_FLIGHT])
+async def test_items_that_become_slower_still_spread_over_the_workers(
+        max_in_flight: int, worker_pool: WorkerPoolFactory) -> None:
+    # 20 000 instant items size the batches at thousands; the 30 of 50 ms after them arrive in
+    # one such batch, which gives back what it has not started after its budget (80 ms): the
+    # rest goes again, in pieces sized anew, to both workers. The pieces belong to a batch read
+    # already: they go even while every batch allowed is read and waits to be consumed.
+    with anyio.fail_after(60):
+        async with worker_pool(spawn=2) as pool:
+            pids = {w.pid for w in pool.workers}
+            async with anywool.map(pid_after, [0.0] * 20_000 + [0.05] * 30,
+                                   max_in_flight=max_in_flight) as results:
+                ran_on = [pid async for pid in results]
+    assert len(ran_on) == 20_030
+    assert set(ran_on[-30:]) == pids
+
+
+async def test_what_a_batch_reports_names_the_function_mapped(
+        worker_pool: WorkerPoolFactory) -> None:
+    import threading
+
+    with anyio.fail_after(60):
+        async with worker_pool(spawn=1):
+            with pytest.raises(anywool.SerializationError, match=r"map\(square\)"):
+                async with anywool.map(square, [1, threading.Lock()], batch_size=2) as results:
+                    async for _ in results:
+                        pass
+
+
+async def test_a_system_exit_of_progress_ends_the_map_as_itself(
+        worker_pool: WorkerPoolFactory) -> None:
+    def stop(done: int) -> None:
+        raise SystemExit(4)
+
+    with anyio.fail_after(60):
+        async with worker_pool(spawn=1):
+            with pytest.raises(SystemExit):
+                async with anywool.map(square, range(10), progress=stop) as results:
+                    async for _ in results:
+                        pass
+
+
+async def test_results_left_in_a_batch_are_not_yielded_after_the_block(
+        worker_pool: WorkerPoolFactory) -> None:
+    with anyio.fail_after(60):
+        async with worker_pool(spawn=1):
+            async with anywool.map(square, range(100), batch_size=100) as results:
+                async for _ in results:
+                    break
+            with pytest.raises(RuntimeError, match="inside its async with block"):
+                await results.__anext__()
