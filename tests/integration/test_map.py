@@ -42,6 +42,12 @@ pytestmark = pytest.mark.anyio
 DEFAULT_GRACE = 1.0
 
 
+def _release(fifo: Path) -> None:
+    """Let the item waiting on ``fifo`` (see ``map_work.wait_for``) go on (blocking)."""
+    with open(fifo, "w") as file:
+        file.write("go")
+
+
 @pytest.mark.parametrize("fn", [square, square_routine], ids=["plain", "routine"])
 async def test_results_come_in_the_inputs_order_and_many_items_go_in_one_call(
         fn: object, worker_pool: WorkerPoolFactory) -> None:
@@ -63,11 +69,6 @@ async def test_unordered_results_do_not_wait_for_an_item_that_has_not_ended(
         worker_pool: WorkerPoolFactory, tmp_path: Path) -> None:
     fifo = tmp_path / "release"
     os.mkfifo(fifo)
-
-    def release() -> None:
-        with open(fifo, "w") as file:
-            file.write("go")
-
     with anyio.fail_after(60):
         async with worker_pool(spawn=2):
             got = []
@@ -77,7 +78,7 @@ async def test_unordered_results_do_not_wait_for_an_item_that_has_not_ended(
                     got.append(result)
                     if len(got) == 49:  # all but item 0, which waits for us
                         assert 0 not in got
-                        await anyio.to_thread.run_sync(release)
+                        await anyio.to_thread.run_sync(_release, fifo)
             assert sorted(got) == list(range(50))
 
 
@@ -85,11 +86,6 @@ async def test_an_item_that_has_not_ended_holds_back_at_most_max_in_flight_batch
         worker_pool: WorkerPoolFactory, tmp_path: Path) -> None:
     fifo = tmp_path / "release"
     os.mkfifo(fifo)
-
-    def release() -> None:
-        with open(fifo, "w") as file:
-            file.write("go")
-
     with anyio.fail_after(60):
         async with worker_pool(spawn=2):
             async with anywool.map(functools.partial(wait_for, str(fifo)), range(1000),
@@ -97,7 +93,7 @@ async def test_an_item_that_has_not_ended_holds_back_at_most_max_in_flight_batch
                 # Batches 1-3 come back; batch 0 waits; nothing more is read meanwhile.
                 await wait_until(lambda: results.completed == 30, "three batches back")
                 assert results.taken == 40
-                await anyio.to_thread.run_sync(release)
+                await anyio.to_thread.run_sync(_release, fifo)
                 got = [result async for result in results]
             assert got == list(range(1000))
 
