@@ -46,7 +46,7 @@ import anyio.lowlevel
 from anywool import _validate
 from anywool._owner import exit_task_group
 from anywool.runtime._batch import Batch
-from anywool.runtime._routine import RoutineDispatcher, active_dispatcher, is_routine
+from anywool.runtime._routine import RoutineDispatcher, active_dispatcher, routine_body
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -116,7 +116,7 @@ class MapResults(Generic[R]):
                  progress: Callable[[int], object] | None = None) -> None:
         if not callable(fn):
             raise TypeError(f"map needs a callable for fn, got {fn!r}")
-        body = fn.__wrapped__ if is_routine(fn) else fn  # type: ignore[attr-defined]
+        body = routine_body(fn)
         if inspect.isasyncgenfunction(body):
             raise TypeError(f"map runs a coroutine routine or a plain function on each item; "
                             f"{fn!r} is an async generator function")
