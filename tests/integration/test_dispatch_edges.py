@@ -750,5 +750,27 @@ async def test_a_call_made_in_a_cancelled_scope_writes_nothing(tmp_path):
                     await connection.call(touch_at_once.__wrapped__,
                                           (str(tmp_path / str(index)),), {})
                 assert scope.cancelled_caught
+            assert (await connection.stats()).served == 0  # never admitted, let alone started
             await connection.call(touch_at_once.__wrapped__, (str(tmp_path / "after"),), {})
     assert [p.name for p in tmp_path.iterdir()] == ["after"]  # the connection still works
+
+
+@routine
+async def count_up(n: int):
+    for i in range(n):
+        yield i
+
+
+async def test_a_generator_opened_in_a_cancelled_scope_writes_nothing():
+    # As a coroutine's call, but a generator's first frame waits for the worker's answer: a
+    # CALL frame written by a cancelled caller would be admitted (and counted) on the worker.
+    with anyio.fail_after(30):
+        async with anywool.LocalWorker() as worker, \
+                WorkerConnection(worker.address) as connection:
+            for _ in range(20):
+                with anyio.CancelScope() as scope:
+                    scope.cancel()
+                    await connection.stream(count_up.__wrapped__, (3,), {})
+                assert scope.cancelled_caught
+            stats = await connection.stats()
+    assert stats.served == 0 and stats.in_flight == 0

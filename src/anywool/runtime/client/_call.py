@@ -98,8 +98,8 @@ class Call:
     """
 
     __slots__ = ("connection", "id", "name", "finished", "accepted", "quiet_ack", "waiting",
-                 "running", "withdrawn", "sent_at", "relay", "telemetry", "_frames", "_arrived",
-                 "_lost")
+                 "running", "withdrawn", "sent_at", "not_cancelled", "relay", "telemetry",
+                 "_frames", "_arrived", "_lost")
 
     def __init__(self, connection: WorkerConnection, call_id: int, name: str, *,
                  quiet_ack: bool = False) -> None:
@@ -115,6 +115,9 @@ class Call:
         self.running = False  # counted in the connection's outstanding calls
         self.withdrawn = False  # given up unstarted, and followed (see watch_withdrawn)
         self.sent_at = 0.0
+        # Its caller had no cancellation pending when it was prepared (see
+        # WorkerConnection._prepare): its CALL frame is sent without checking again.
+        self.not_cancelled = False
         # On a worker: the output sink of the call this one is made from, which its output goes
         # to (runtime._output).
         self.relay: _output.Sink | None = None

@@ -578,7 +578,9 @@ class WorkerConnection(SingleUse):
 
         A coroutine's call carries the seconds left of the caller's effective deadline (the
         worker cancels the routine on time by itself, even if the cancel frame is late or lost)
-        and the caller's context variables; an async generator's steps carry their own.
+        and the caller's context variables; an async generator's steps carry their own. Some
+        time left (or no deadline) also means no cancellation is pending: the call records it
+        (``not_cancelled``), and its CALL frame is then sent without checking again.
 
         :raises PayloadTooLarge: the call does not fit one frame.
         :raises CallNotDelivered: the connection is broken.
@@ -591,10 +593,11 @@ class WorkerConnection(SingleUse):
         call_id = next(self._ids)  # before the trace context, whose span names it
         client, trace = (None, None) if _telemetry.state is None else _telemetry.sending(
             call_id, self.attributes)
+        timeout = None if streaming else seconds_left()
         request = CallRequest(
             serializer.dumps_value((fn, args, kwargs), name, "the arguments"),
             name,
-            None if streaming else seconds_left(),
+            timeout,
             caller,
             origin,
             None if streaming else dump_context(name),
@@ -617,6 +620,7 @@ class WorkerConnection(SingleUse):
         call.relay = relay
         call.telemetry = client
         call.waiting = call.running = True
+        call.not_cancelled = timeout != 0.0 and not streaming
         self._unstarted += 1
         self._running += 1
         call.sent_at = time.perf_counter()
@@ -637,7 +641,8 @@ class WorkerConnection(SingleUse):
         """
         assert self._frames is not None
         try:
-            await self._frames.send_parts(Kind.CALL, call.id, payload)
+            await self._frames.send_parts(Kind.CALL, call.id, payload,
+                                          not_cancelled=call.not_cancelled)
         except PEER_GONE as exc:
             self._fail(f"connection failed: {exc!r}")
             raise CallNotDelivered(self.address, f"could not send the call: {exc!r}") from exc

@@ -305,12 +305,16 @@ class FrameStream:
         """
         await self._send(encode(frame, self._max))
 
-    async def send_parts(self, kind: Kind, call_id: int, parts: Parts) -> None:
+    async def send_parts(self, kind: Kind, call_id: int, parts: Parts, *,
+                         not_cancelled: bool = False) -> None:
         """Write one frame whose payload is ``parts`` (as :meth:`send` does), without joining
         large parts: one vectored send of the header and the parts where the socket takes
         them at once. The parts are read as they are written, so they must not change until
         this returns.
 
+        :param not_cancelled: the caller found, with nothing awaited since, that no
+            cancellation is pending (``current_effective_deadline()`` ahead of the clock):
+            the check of :meth:`send` is not made again.
         :raises FrameError: the frame is too large; nothing was written.
         :raises anyio.BrokenResourceError: the peer is gone.
         :raises anyio.ClosedResourceError: the stream was closed locally.
@@ -319,14 +323,16 @@ class FrameStream:
         """
         header = _header(kind, call_id, parts.nbytes, self._max)
         if parts.nbytes <= _JOIN_AT_MOST:
-            await self._send(header + b"".join(parts.pieces))
+            await self._send(header + b"".join(parts.pieces), not_cancelled)
         else:
-            await self._send([header, *parts.pieces])
+            await self._send([header, *parts.pieces], not_cancelled)
 
-    async def _send(self, data: bytes | Sequence[Buffer]) -> None:
+    async def _send(self, data: bytes | Sequence[Buffer], not_cancelled: bool = False) -> None:
         # A cancelled sender writes nothing. (It raises a pending cancellation only, without
-        # letting other tasks run: the lock's state below is as seen.)
-        await anyio.lowlevel.checkpoint_if_cancelled()
+        # letting other tasks run: the lock's state below is as seen.) The check walks every
+        # enclosing cancel scope: a caller that just did so is spared a second walk.
+        if not not_cancelled:
+            await anyio.lowlevel.checkpoint_if_cancelled()
         raw, lock = self._raw_send, self._send_lock
         if raw is not None and not lock.locked():
             if isinstance(data, bytes):
