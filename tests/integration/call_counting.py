@@ -39,6 +39,10 @@ async def trivial() -> None:
     """The call whose cost is counted."""
 
 
+def trivial_plain() -> None:
+    """The plain function whose call's cost is counted (``anywool.run_sync``)."""
+
+
 @routine
 async def start_counting() -> None:
     global _counter

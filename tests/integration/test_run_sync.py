@@ -9,14 +9,18 @@ travel both ways, and ``anywool.current_task()`` describes the call, as for a ro
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import math
 import os
+import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+import sniffio
 
 import anywool
 from anywool import RoutineTask, routine
@@ -66,6 +70,30 @@ def answer_request() -> tuple[str, str]:
 
 def describe_task() -> RoutineTask:
     return anywool.current_task()
+
+
+#: A plain context variable (not an anywool.ContextVar: it does not travel).
+LOCAL = contextvars.ContextVar("tests.integration.run_sync.local", default="unset")
+
+
+def set_local(value: str) -> str:
+    """Sets LOCAL; returns what it was before."""
+    before = LOCAL.get()
+    LOCAL.set(value)
+    return before
+
+
+def hold_for(seconds: float) -> None:
+    time.sleep(seconds)  # holds the worker's event loop: frames queue up in its socket
+
+
+def touch(path: str) -> None:
+    Path(path).touch()
+
+
+def library_and_clock() -> tuple[str, float]:
+    """What sniffio says runs here, and AnyIO's clock: both must work in a plain function."""
+    return sniffio.current_async_library(), anyio.current_time()
 
 
 @routine
@@ -212,3 +240,40 @@ async def test_current_task_describes_the_call_inside_the_function(
             assert math.isfinite(task.deadline)  # the fail_after above travelled with it
             again = await anywool.run_sync(describe_task)
             assert again.id != task.id  # each call its own
+
+
+async def test_each_call_runs_in_a_context_of_its_own(worker_pool: WorkerPoolFactory) -> None:
+    # A worker runs a plain function where it routed its call, without a task: what one call
+    # sets, even in a variable that does not travel, must not be seen by the next.
+    with anyio.fail_after(30):
+        async with worker_pool(spawn=1):
+            assert [await anywool.run_sync(set_local, f"call {n}") for n in range(5)] \
+                == ["unset"] * 5
+
+
+async def test_the_function_sees_the_workers_async_library(
+        anyio_backend: str, worker_pool: WorkerPoolFactory) -> None:
+    # Outside any task, sniffio (and so AnyIO) would find no library under asyncio.
+    with anyio.fail_after(30):
+        async with worker_pool(spawn=1, backend=anyio_backend):
+            library, clock = await anywool.run_sync(library_and_clock)
+    assert library == anyio_backend
+    assert clock > 0
+
+
+async def test_a_call_withdrawn_before_the_worker_read_it_never_runs(
+        worker_pool: WorkerPoolFactory, tmp_path: Path) -> None:
+    # While the worker is held, a call is sent and then withdrawn: its CALL and CANCEL frames
+    # reach the worker in one read. Routing the CALL must not run the function before the
+    # CANCEL behind it is seen.
+    marker = tmp_path / "ran"
+    with anyio.fail_after(30):
+        async with worker_pool(spawn=1), anyio.create_task_group() as tg:
+            tg.start_soon(anywool.run_sync, hold_for, 1.0)
+            # Whether the holder has started by now or starts with the rest, the withdrawn
+            # call's two frames wait behind it, unread, until it returns.
+            await anyio.sleep(0.2)
+            with anyio.move_on_after(0.2) as withdrawn:
+                await anywool.run_sync(touch, str(marker))
+            assert withdrawn.cancelled_caught
+    assert not marker.exists()

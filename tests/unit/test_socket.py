@@ -14,7 +14,7 @@ from anyio.abc import SocketAttribute
 
 from anywool._address import Address
 from anywool.runtime.wire import _socket
-from anywool.runtime.wire._frames import Frame, FrameStream, Kind
+from anywool.runtime.wire._frames import SEND_NOW_AT_MOST, Frame, FrameStream, Kind, encode
 from anywool.runtime.wire._socket import SocketStream
 
 pytestmark = pytest.mark.anyio
@@ -337,3 +337,77 @@ def test_importing_the_package_alone_still_reaches_its_submodules() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 1 and "has no attribute 'nonexistent_module'" in result.stderr
+
+
+async def test_send_now_writes_a_small_frame_whole_or_not_at_all(pair) -> None:
+    # What a plain function's call run where its frame was routed writes its ACK and reply
+    # with: never half a frame, since nothing would write the rest.
+    a, b = pair
+    frames, reader = FrameStream(a, a), FrameStream(b, b)
+    data = encode(Frame(Kind.ACK, 7, b"\x00\x00\x00\x01"))
+    assert frames.can_send_now()
+    assert frames.send_now(data)
+    with anyio.fail_after(5):
+        assert await reader.receive() == Frame(Kind.ACK, 7, b"\x00\x00\x00\x01")
+    # Fill the socket until it takes nothing: then nothing is written, and it says so.
+    filler = b"\x00" * 65536
+    while a.try_send(filler):
+        pass
+    a_socket = a.extra(SocketAttribute.raw_socket)
+    queued = _queued(a_socket)
+    assert not frames.send_now(data)
+    assert _queued(a_socket) == queued  # not a byte of it went
+
+
+async def test_send_now_leaves_what_it_cannot_write_at_once_to_send(pair) -> None:
+    a, b = pair
+    frames, reader = FrameStream(a, a), FrameStream(b, b)
+    assert not frames.send_now(b"\x00" * (SEND_NOW_AT_MOST + 1))  # too large for one write
+    big = Frame(Kind.RETURN, 1, b"\x01" * (8 << 20))  # more than the socket holds
+    received: list[Frame] = []
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(frames.send, big)
+            await anyio.wait_all_tasks_blocked()  # the big frame is being written
+            assert not frames.can_send_now()
+            assert not frames.send_now(encode(Frame(Kind.ACK, 2, b"")))  # it must go first
+            received.append(await reader.receive())
+    assert received == [big]
+    assert frames.can_send_now()
+    # Room in the socket, but a sender holds the stream (it is between two writes of one
+    # frame): nothing may cut in.
+    await frames._send_lock.acquire()
+    try:
+        assert not frames.can_send_now()
+        assert not frames.send_now(encode(Frame(Kind.ACK, 3, b"")))
+        assert b.try_receive() is None
+    finally:
+        frames._send_lock.release()
+
+
+async def test_send_now_writes_nothing_over_tcp() -> None:
+    # Over TCP a small write may be taken in part: send_now leaves it to send().
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        client = socket.create_connection(listener.getsockname())
+        server, _ = listener.accept()
+    finally:
+        listener.close()
+    a, b = SocketStream(client), SocketStream(server)
+    try:
+        frames = FrameStream(a, a)
+        assert not frames.can_send_now()
+        assert not frames.send_now(encode(Frame(Kind.ACK, 1, b"")))
+        assert b.try_receive() is None
+    finally:
+        a.close()
+        b.close()
+
+
+def _queued(sock: socket.socket) -> int:
+    """Bytes waiting in ``sock``'s send queue (Linux SIOCOUTQ)."""
+    import fcntl
+    import struct
+    import termios
+
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]

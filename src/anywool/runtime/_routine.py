@@ -146,7 +146,11 @@ async def run_sync(fn: Callable[[Unpack[Ts]], T], *args: Unpack[Ts]) -> T:
 
     On the worker, ``fn`` runs in the event loop's own thread, so the worker runs nothing else
     until it returns; the pool then gives its other calls to other workers (see "How calls are
-    spread" in the README). That is also what lets a cancellation reach it:
+    spread" in the README). A local worker runs it where it reads the call, without a task of
+    its own (it needs none: it never awaits): ``anywool.current_task()``, context variables,
+    ``sniffio`` and AnyIO's clock work there as in a routine, AnyIO's cancel scopes do not
+    (under asyncio there is no task to scope). Its running there is also what lets a
+    cancellation reach it:
 
     Cancellation: cancelling the await cancels the call on its worker, which interrupts
     ``fn`` (it raises there an exception that is not an ``Exception``, as ``KeyboardInterrupt``

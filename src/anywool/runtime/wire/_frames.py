@@ -159,6 +159,9 @@ _IN_PLACE_ABOVE = RECEIVE_SIZE
 # copy costs less than building the vectored send's buffer list); larger ones go as a
 # vectored send of their parts.
 _JOIN_AT_MOST = 16 * 1024
+#: The most FrameStream.send_now writes: less than one buffer of the kernel's for a Unix
+#: stream socket (about 36 KiB on Linux), which such a socket takes whole or not at all.
+SEND_NOW_AT_MOST = 16 * 1024
 # The bytes of the socket that FrameStream.pending looks at past the frames it skips, and the
 # most it looks at in all (a socket holds less: its buffers are smaller).
 _PEEK_SIZE = 1 << 18
@@ -203,6 +206,15 @@ def encode(frame: Frame, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
     payload = frame.payload
     size = payload.nbytes if isinstance(payload, memoryview) else len(payload)
     return _header(frame.kind, frame.call_id, size, max_frame_size) + payload
+
+
+def encode_parts(kind: Kind, call_id: int, parts: Parts,
+                 max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
+    """A frame's bytes whose payload is ``parts``, joined.
+
+    :raises FrameError: the frame is too large.
+    """
+    return _header(kind, call_id, parts.nbytes, max_frame_size) + b"".join(parts.pieces)
 
 
 def decode_body(body: bytes) -> Frame:
@@ -264,6 +276,7 @@ class FrameStream:
         self._send_stream = send_stream
         self._receive_stream = receive_stream
         self._raw_send = send_stream if isinstance(send_stream, SocketStream) else None
+        self._unix = self._raw_send is not None and self._raw_send.unix
         self._raw_receive = receive_stream if isinstance(receive_stream, SocketStream) else None
         self._buffer = bytearray()
         # The body of the frame being received in place (see _begin_body): its payload, how
@@ -374,6 +387,36 @@ class FrameStream:
             await anyio.aclose_forcefully(self._send_stream)
             raise anyio.BrokenResourceError(
                 f"the peer read nothing for {self.send_timeout} s; the stream was closed")
+
+    def can_send_now(self) -> bool:
+        """Whether :meth:`send_now` may write now (a Unix socket, no frame being written)."""
+        return self._unix and not self._send_lock.locked()
+
+    def send_now(self, data: bytes) -> bool:
+        """Write ``data`` (whole encoded frames, at most :data:`SEND_NOW_AT_MOST` bytes) at
+        once, without waiting and from synchronous code: ``True`` when the socket took it
+        whole, ``False`` when nothing was written (not a Unix socket, a frame being written,
+        or no room now): send it with :meth:`send`.
+
+        A Unix stream socket takes so small a write whole or not at all (one buffer of the
+        kernel's). Should it ever take a part, the stream is shut down and
+        ``BrokenResourceError`` raised: the peer then reads an end of stream, never half a
+        frame.
+
+        :raises anyio.BrokenResourceError: the peer is gone.
+        :raises anyio.ClosedResourceError: the stream was closed locally.
+        """
+        raw = self._raw_send
+        if raw is None or not self._unix or self._send_lock.locked() \
+                or len(data) > SEND_NOW_AT_MOST:
+            return False
+        written = raw.try_send(data)
+        if written == len(data):
+            return True
+        if not written:
+            return False
+        shut_down(raw)
+        raise anyio.BrokenResourceError(f"the socket took {written} of {len(data)} bytes")
 
     @property
     def stream(self) -> ByteSendStream:
@@ -607,7 +650,7 @@ class FrameStream:
         return (_IN_PLACE_ABOVE < length <= self._max and _LENGTH.size + length > len(data)
                 and data[_LENGTH.size] in _KINDS)
 
-    def pending(self, kind: Kind, call_id: int) -> bool:
+    def pending(self, kind: Kind, call_id: int, *, look_in_socket: bool = True) -> bool:
         """Whether a frame of ``kind`` for ``call_id`` has arrived and is not received yet (in
         the buffer, or still in the socket), as far as it shows without reading: synchronous,
         and it changes nothing, so a signal handler may ask while the receiver is suspended.
@@ -618,16 +661,21 @@ class FrameStream:
         the socket past the frames it skips (from :data:`_PEEK_FIRST`, doubled as needed):
         the rest of a body being received in place, and every frame ahead, however large (so
         a frame of several MiB that the socket holds whole does not hide the frames behind
-        it).
+        it). With ``look_in_socket`` false, only the frames read already are looked at (no
+        system call).
         """
         return any(found_kind == kind and found_id == call_id
-                   for found_kind, found_id in self._ahead())
+                   for found_kind, found_id in self._ahead(look_in_socket))
 
-    def _ahead(self) -> Iterator[tuple[int, int]]:
+    def _ahead(self, look_in_socket: bool = True) -> Iterator[tuple[int, int]]:
         """The (kind, call id) of each frame arrived and not received yet, in order, as far as
         :meth:`pending` can tell."""
         raw = self._raw_receive
         if raw is None or self._reading:
+            return
+        if not look_in_socket:
+            if self._body is None:
+                yield from _frames_in(self._buffer)
             return
         body = self._body
         if body is not None:
@@ -692,6 +740,17 @@ class FrameStream:
                 data = memoryview(data)[:room]
             self._body_view[self._got:self._got + len(data)] = data
             self._got += len(data)
+
+
+def _frames_in(buffer: bytearray) -> Iterator[tuple[int, int]]:
+    """The (kind, call id) of each whole frame header in ``buffer``, in order."""
+    offset, end = 0, len(buffer)
+    while offset + _HEADER.size <= end:
+        length, kind, call_id = _HEADER.unpack_from(buffer, offset)
+        yield kind, call_id
+        if length < ENVELOPE_OVERHEAD:
+            return  # malformed: the receiver will say so
+        offset += _LENGTH.size + length
 
 
 def _coalesced(pieces: Sequence[Buffer]) -> list[Buffer]:

@@ -81,6 +81,11 @@ class SocketStream(ByteStream):
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def unix(self) -> bool:
+        """Whether the socket is a Unix one (``AF_UNIX``)."""
+        return self._sock.family == socket.AF_UNIX
+
     def _broken(self, exc: OSError) -> Exception:
         if self._closed or exc.errno == errno.EBADF:
             return anyio.ClosedResourceError()

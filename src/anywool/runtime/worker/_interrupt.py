@@ -84,6 +84,11 @@ class Interruptible(Protocol):
         """Cancel the call's scope, as routing its cancel frame would (main thread)."""
         ...
 
+    def due(self) -> bool | None:
+        """Whether the call must end now, for a call run without a cancel scope of its own
+        (main thread); ``None``: the current task's cancel scopes say."""
+        ...
+
 
 #: The call the current task (and the tasks it starts) runs for: the one to interrupt.
 current: contextvars.ContextVar[Interruptible | None] = contextvars.ContextVar(
@@ -268,11 +273,14 @@ class Interrupter:
             call.cancel()  # what the loop would do, were it free: the routine could do the same
         # Cancelled (and not shielded where it runs), or past its deadline: what its next
         # checkpoint would raise, were it to reach one. (Outside any task, in a callback the
-        # routine scheduled, there is no such thing: nothing is raised.)
-        try:
-            due = anyio.current_effective_deadline() <= anyio.current_time()
-        except Exception:
-            return
+        # routine scheduled, there is no such thing: nothing is raised.) A call run without a
+        # scope of its own (a plain function's, where its frame was routed) says itself.
+        due = call.due()
+        if due is None:
+            try:
+                due = anyio.current_effective_deadline() <= anyio.current_time()
+            except Exception:
+                return
         if due:
             raise Interrupted
 

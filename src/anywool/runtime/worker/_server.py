@@ -17,6 +17,7 @@ routine it refused.
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import logging
 import math
@@ -24,7 +25,7 @@ import os
 import platform
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -40,10 +41,14 @@ from anywool.runtime.wire import _envelope as envelope
 from anywool.runtime.wire import _exceptions, _stats
 from anywool.runtime.wire import _serializer as serializer
 from anywool.runtime.wire._frames import (
+    SEND_NOW_AT_MOST,
     Frame,
     FrameError,
     FrameStream,
     Kind,
+    Parts,
+    encode,
+    encode_parts,
     payload_limit,
     shut_down,
 )
@@ -165,6 +170,11 @@ class _Stop:
                 await self._changed.wait()
 
 
+class _NotHere(Exception):
+    """A plain function's call that cannot run where its frame was routed (see
+    ``Server._run_here``)."""
+
+
 class _Untracked:
     """No context-variable changes to report: the routine never ran."""
 
@@ -176,8 +186,10 @@ class _ServerCall:
     __slots__ = ("id", "scope", "frames", "name", "streaming", "protocol_error", "read_at",
                  "deadline", "cancelled", "output", "telemetry", "_step", "_arrived")
 
-    def __init__(self, call_id: int, scope: Scope, frames: FrameStream) -> None:
+    def __init__(self, call_id: int, scope: Scope | None, frames: FrameStream) -> None:
         self.id = call_id
+        # Its cancel scope; None for a plain function's call run where its frame was routed
+        # (Server._run_here), which has no task to cancel: the interrupter ends it.
         self.scope = scope
         self.frames = frames
         self.read_at = time.perf_counter()  # when its CALL frame was read
@@ -208,7 +220,15 @@ class _ServerCall:
 
     def cancel(self) -> None:
         self.cancelled = True
-        self.scope.cancel()
+        if self.scope is not None:
+            self.scope.cancel()
+
+    def due(self) -> bool | None:
+        """Whether it must end now, for a call without a scope (cancelled, or past its
+        deadline); ``None``: ask its scope, as its next checkpoint would."""
+        if self.scope is not None:
+            return None
+        return self.cancelled or time.monotonic() >= self.deadline
 
     def refuse(self, frames_it_cannot_use: str) -> None:
         """A protocol error: end this call (its reply says why); the connection goes on."""
@@ -283,6 +303,7 @@ class Server:
         self._forwarders: dict[FrameStream, _output.Forwarder] = {}
         self._on = f" on worker {address}"
         self._hello = envelope.encode_hello(max_concurrency)
+        self._library = "asyncio"
         self._started_at = time.perf_counter()  # for the stats' uptime
 
     # -- connections ---------------------------------------------------------------------------
@@ -326,6 +347,7 @@ class Server:
         await self.stop.drain_for(timeout)
 
     async def handle(self, stream: ByteStream) -> None:
+        self._library = _backend()  # what a call run outside a task is told (see _call_here)
         frames = FrameStream(stream, stream)
         self.connections.add(frames)
         try:
@@ -383,17 +405,24 @@ class Server:
             if not self._has_room():
                 tg.start_soon(self._refuse_busy, frames, frame.call_id, tg)
                 return
-            call = _ServerCall(frame.call_id, new_scope(), frames)
+            # A plain function never suspends: with nothing to wait for (its ACK written at
+            # once, no tracing), it runs right here, without a task or a cancel scope.
+            here = (not isinstance(request, FrameError) and request.plain
+                    and frames.can_send_now() and _telemetry.current() is None)
+            call = _ServerCall(frame.call_id, None if here else new_scope(), frames)
             calls[call.id] = call
             self.calls.add(call)
             self.stop.started(call.read_at)
-            tg.start_soon(self._run, frames, call, request, calls)
             self.admitted += 1
             if self.report_call:
                 self.report_call = False
                 self._say(NOTICE_CALL)
             if self.max_calls is not None and self.admitted >= self.max_calls:
                 self.retire(f"it took its max_calls={self.max_calls} calls")
+            if here:
+                self._run_here(frames, call, request, calls, tg, new_scope)  # type: ignore[arg-type]
+            else:
+                tg.start_soon(self._run, frames, call, calls, self._execute(frames, call, request))
             return
         call = calls.get(frame.call_id)
         if call is None:
@@ -453,12 +482,12 @@ class Server:
 
     # -- calls ---------------------------------------------------------------------------------
 
-    async def _run(
-        self, frames: FrameStream, call: _ServerCall,
-        request: envelope.CallRequest | FrameError, calls: dict[int, _ServerCall]
-    ) -> None:
+    async def _run(self, frames: FrameStream, call: _ServerCall, calls: dict[int, _ServerCall],
+                   work: Awaitable[object]) -> None:
+        """Await ``work``, the call's run or the rest of it (its reply); whatever ends it, the
+        call's client is told, and the call is counted as ended."""
         try:
-            await self._execute(frames, call, request)
+            await work
         except PEER_GONE:
             pass  # the client is gone; its connection handler cancels the rest
         except anyio.get_cancelled_exc_class():
@@ -474,18 +503,147 @@ class Server:
             except (*PEER_GONE, FrameError):
                 pass
         finally:
-            if call.output is not None:
-                call.output.close()
-            if call.telemetry is not None:
-                call.telemetry.finish()
-            calls.pop(call.id, None)
-            self.calls.discard(call)
-            self.stop.finished()
-            self._offer_room()
+            self._ended(call, calls)
+
+    def _ended(self, call: _ServerCall, calls: dict[int, _ServerCall]) -> None:
+        if call.output is not None:
+            call.output.close()
+        if call.telemetry is not None:
+            call.telemetry.finish()
+        calls.pop(call.id, None)
+        self.calls.discard(call)
+        self.stop.finished()
+        self._offer_room()
+
+    def _run_here(self, frames: FrameStream, call: _ServerCall, request: envelope.CallRequest,
+                  calls: dict[int, _ServerCall], tg: CallGroup,
+                  new_scope: Callable[[], Scope]) -> None:
+        """Run a plain function's call where its frame was routed (the connection's task under
+        trio, the reader's callback under asyncio), without a task or a cancel scope: a plain
+        function never suspends, so neither would serve it. The interrupter ends it as it
+        would in a task (``_ServerCall.due``). Its ACK is written whole before it runs, or it
+        runs in a task after all; what must wait once it ran (output to forward first, an
+        exception or a large value to send, a full socket) goes on in a task."""
+        try:
+            fn, args, kwargs = serializer.loads_value(request.call, request.name,
+                                                      "the arguments", self._on)
+            values = self._load_context(request.context, request.name)
+            body = routine_body(fn)
+            waited = time.perf_counter() - call.read_at
+            # Withdrawn already: its cancel frame came in the same read (still buffered, not
+            # routed yet), or, after a long load, may wait in the socket.
+            if frames.pending(Kind.CANCEL, call.id, look_in_socket=waited > _LOOK_AFTER) \
+                    or not frames.send_now(encode(Frame(Kind.ACK, call.id,
+                                                        envelope.encode_ack(waited)))):
+                raise _NotHere
+        except BaseException:  # PEER_GONE too: the task finds the connection gone
+            # As any call, in a task: it loads the call again (and says why it cannot), sees
+            # its cancel frame, or waits to write its ACK. (Nothing of the routine ran.)
+            call.scope = new_scope()
+            tg.start_soon(self._run, frames, call, calls, self._execute(frames, call, request))
+            return
+        call.name = request.name
+        call.streaming = False
+        if request.timeout is not None:
+            call.deadline = time.monotonic() + request.timeout
+        try:
+            # In a context of its own, as a task's: what it sets is its own, and what it
+            # changed goes back to its caller.
+            contextvars.copy_context().run(self._call_here, frames, call, request, calls, tg,
+                                           body, args, kwargs, values)
+        except Exception as exc:  # a failure of ours, not the function's: only this call fails
+            if calls.get(call.id) is call:
+                log.exception("call %s (%s) failed", call.id, call.name)
+                tg.start_soon(self._run, frames, call, calls, self._reply_exception(
+                    frames, call, RuntimeError(
+                        f"worker {self.address} failed to reply for {call.name}: {exc!r}")))
+
+    def _call_here(self, frames: FrameStream, call: _ServerCall, request: envelope.CallRequest,
+                   calls: dict[int, _ServerCall], tg: CallGroup, body: Callable[..., Any],
+                   args: tuple[Any, ...], kwargs: dict[str, Any],
+                   values: dict[str, Any] | None) -> None:
+        # (In the call's context: a task started from here gets a copy of it. No dispatcher
+        # for nested calls: a plain function makes none.) Outside any task under asyncio:
+        # sniffio, and so AnyIO, are told which library runs.
+        sniffio.current_async_library_cvar.set(self._library)
+        _interrupt.current.set(call)
+        forwarder = self._forwarders.get(frames) if request.forward else None
+        if forwarder is not None:
+            call.output = forwarder.sink(call.id)
+            call.output.open()
+        set_running(RoutineTask(call.id, request.caller, call.name, math.inf
+                                if request.timeout is None
+                                else anyio.current_time() + request.timeout))
+        _context.apply(values)
+        work: Awaitable[object] | None
+        try:
+            value = _interrupt.invoke(body, args, kwargs)
+        except BaseException as exc:
+            work = self._reply_raised(frames, call, exc, values)
+        else:
+            try:
+                work = self._reply_here(frames, call, calls, value, values)
+            except SerializationError as error:  # whatever a value's __reduce__ did
+                work = self._reply_exception(frames, call, error)
+            except BaseException as exc:  # an interruption in a value's __reduce__
+                work = self._reply_raised(frames, call, exc, values)
+        if work is not None:
+            tg.start_soon(self._run, frames, call, calls, work)
+
+    def _reply_here(self, frames: FrameStream, call: _ServerCall,
+                    calls: dict[int, _ServerCall], value: object,
+                    values: dict[str, Any] | None) -> Awaitable[object] | None:
+        """Send a plain function's value at once, and end its call (``None``), or say what
+        sends it."""
+        if call.output is not None and call.output.dirty:  # the output goes first
+            return self._reply_returned(frames, call, value, values)
+        data = serializer.dumps_value(value, call.name, "the value it returned", self._on)
+        changes = self._changes(call, values)
+        payload = envelope.encode_reply(data, changes)
+        if payload.nbytes <= SEND_NOW_AT_MOST:
+            try:
+                sent = frames.send_now(encode_parts(Kind.RETURN, call.id, payload,
+                                                    frames.max_frame_size))
+            except FrameError:  # larger than this connection's frames
+                sent = False
+            except PEER_GONE:  # the client is gone: nobody to tell
+                sent = True
+            if sent:
+                self.stop.returned += 1
+                self._ended(call, calls)
+                return None
+        return self._send_return(frames, call, data, changes)
+
+    async def _reply_raised(self, frames: FrameStream, call: _ServerCall, exc: BaseException,
+                            values: dict[str, Any] | None) -> None:
+        """A plain function's call run where its frame was routed raised ``exc``: reply."""
+        if _interrupt.interrupted(exc) and call.due():  # ended for its caller or deadline
+            await self._reply_cancelled(frames, call)
+        else:
+            await self._reply_exception(frames, call, self._reportable(call, exc), values)
+
+    async def _reply_returned(self, frames: FrameStream, call: _ServerCall, value: object,
+                              values: dict[str, Any] | None) -> None:
+        if await self._reply_value(frames, call, value, "the value it returned", values,
+                                   Kind.RETURN):
+            self.stop.returned += 1
+
+    async def _send_return(self, frames: FrameStream, call: _ServerCall, data: Pickled,
+                           changes: Pickled | None) -> None:
+        """The rest of :meth:`_reply_value`, for a value pickled already."""
+        payload = envelope.encode_reply(data, changes)
+        limit = payload_limit(frames.max_frame_size)
+        if payload.nbytes <= limit:
+            await frames.send_parts(Kind.RETURN, call.id, payload)
+            self.stop.returned += 1
+        else:
+            await self._reply_exception(frames, call, _too_large(call, data, payload, limit))
 
     async def _execute(self, frames: FrameStream, call: _ServerCall,
                        request: envelope.CallRequest | FrameError) -> None:
-        with call.scope:
+        scope = call.scope
+        assert scope is not None  # a call run in a task has one
+        with scope:
             try:
                 if isinstance(request, FrameError):
                     raise request
@@ -496,7 +654,7 @@ class Server:
                 body = routine_body(fn)
                 call.streaming = not request.plain and inspect.isasyncgenfunction(body)
                 if request.timeout is not None and not call.streaming:
-                    call.scope.deadline = anyio.current_time() + request.timeout
+                    scope.deadline = anyio.current_time() + request.timeout
                     call.deadline = time.monotonic() + request.timeout
             except Exception as exc:
                 await self._reply_exception(frames, call, exc)
@@ -530,11 +688,11 @@ class Server:
             else:
                 if call.step_pending:  # sent before it loaded
                     call.refuse("a step frame for a coroutine call")
-                set_running(RoutineTask(call.id, request.caller, call.name, call.scope.deadline))
+                set_running(RoutineTask(call.id, request.caller, call.name, scope.deadline))
                 _context.apply(values)
                 await self._run_coroutine(frames, call, values, body, args, kwargs,
                                           plain=request.plain)
-        if call.scope.cancelled_caught:
+        if scope.cancelled_caught:
             if call.protocol_error is not None:
                 await self._reply_exception(frames, call, FrameError(
                     f"{call.protocol_error} ({call.name}); the call was ended"))
@@ -671,7 +829,8 @@ class Server:
         if isinstance(exc, Exception):
             return exc
         if isinstance(exc, anyio.get_cancelled_exc_class()) and (
-                call.scope.cancel_called or anyio.current_effective_deadline() == -math.inf):
+                (call.scope is not None and call.scope.cancel_called)
+                or anyio.current_effective_deadline() == -math.inf):
             raise exc
         aborted = RoutineAborted(call.name, self.address, type(exc).__qualname__)
         aborted.__cause__ = exc
@@ -706,11 +865,7 @@ class Server:
         if payload.nbytes <= limit:
             await frames.send_parts(kind, call.id, payload)
             return True
-        too_large = (f"the value produced by {call.name}"
-                     if envelope.encode_reply(data).nbytes > limit
-                     else f"the context-variable values {call.name} set")
-        await self._reply_exception(frames, call, PayloadTooLarge(too_large, payload.nbytes,
-                                                                  limit))
+        await self._reply_exception(frames, call, _too_large(call, data, payload, limit))
         return False
 
     async def _reply_end(self, frames: FrameStream, call: _ServerCall,
@@ -921,6 +1076,13 @@ async def _ended_by_its_scope() -> None:
     """
     with anyio.move_on_after(REPLY_TIMEOUT):
         await anyio.sleep_forever()
+
+
+def _too_large(call: _ServerCall, data: Pickled, payload: Parts, limit: int) -> PayloadTooLarge:
+    """Why a reply of ``data`` (``payload`` with the context changes) does not fit a frame."""
+    what = (f"the value produced by {call.name}" if envelope.encode_reply(data).nbytes > limit
+            else f"the context-variable values {call.name} set")
+    return PayloadTooLarge(what, payload.nbytes, limit)
 
 
 async def _half_close(frames: FrameStream) -> None:
