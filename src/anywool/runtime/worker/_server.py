@@ -566,7 +566,6 @@ class Server:
         # for nested calls: a plain function makes none.) Outside any task under asyncio:
         # sniffio, and so AnyIO, are told which library runs.
         sniffio.current_async_library_cvar.set(self._library)
-        _interrupt.current.set(call)
         forwarder = self._forwarders.get(frames) if request.forward else None
         if forwarder is not None:
             call.output = forwarder.sink(call.id)
@@ -575,6 +574,9 @@ class Server:
                                 if request.timeout is None
                                 else anyio.current_time() + request.timeout))
         _context.apply(values)
+        # The call to interrupt from here on, and only here: an interruption is caught below
+        # (RoutineTask's __init__ above, made by dataclasses, is nobody's machinery).
+        _interrupt.current.set(call)
         work: Awaitable[object] | None
         try:
             value = _interrupt.invoke(body, args, kwargs)
