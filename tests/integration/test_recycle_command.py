@@ -107,8 +107,13 @@ async def test_hosts_are_recycled_one_after_the_other(namespace: str) -> None:
             before = {w.metadata.uid for pool in (one, two) for w in pool.workers}
             assert {w.metadata.extra[POOL_EXTRA] for w in one.workers} == {one._pool_id}
             result = await anywool_recycle(namespace, "--timeout", "60")
+            # The command says "recycled" once discovery shows the old workers withdrawn; each
+            # pool then drains and stops them, and lists them until their processes exit (up
+            # to the stop's tail): a pool that kept one more (a second recycle) fails here.
+            with anyio.fail_after(30):
+                while (sizes := [len(pool.workers) for pool in (one, two)]) != [2, 1]:
+                    await anyio.sleep(0.05)
             after = {w.metadata.uid for pool in (one, two) for w in pool.workers}
-            sizes = [len(pool.workers) for pool in (one, two)]
     out = result.stdout.decode().splitlines()
     assert result.returncode == 0, (out, result.stderr.decode())
     assert out[0] == f"recycling {namespace}: 2 hosts, 3 workers"
