@@ -270,9 +270,9 @@ async def test_a_call_withdrawn_before_the_worker_read_it_never_runs(
     with anyio.fail_after(30):
         async with worker_pool(spawn=1), anyio.create_task_group() as tg:
             tg.start_soon(anywool.run_sync, hold_for, 1.0)
-            # Whether the holder has started by now or starts with the rest, the withdrawn
-            # call's two frames wait behind it, unread, until it returns.
-            await anyio.sleep(0.2)
+            # Every task blocked: the holder's CALL frame is written, so the withdrawn call's
+            # two frames go after it and wait behind it, unread, until it returns.
+            await anyio.wait_all_tasks_blocked()
             with anyio.move_on_after(0.2) as withdrawn:
                 await anywool.run_sync(touch, str(marker))
             assert withdrawn.cancelled_caught
